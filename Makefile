@@ -1,0 +1,42 @@
+# sglang-histospec: every target creates or reuses the virtual environment in $(VENV).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PYTEST_ARGS ?=
+EXTRAS ?= dev,trl,notebooks
+
+.PHONY: install test test-all demo bench lint format clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip
+	$(PIP) install -q -c constraints.txt torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $@
+
+# The test command of the README and of CI: everything that runs without a GPU.
+test: install
+	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
+
+# Also the slow tests (large differential runs).
+test-all: install
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/histospec demo
+
+bench: install
+	$(VENV)/bin/histospec bench index --json
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf build *.egg-info sglang_histospec/core/_native*.so

@@ -1,0 +1,19 @@
+"""Build the native history index (C++17, pybind11) as ``sglang_histospec.core._native``.
+
+Everything else is declared in pyproject.toml. The extension is built with the machine's compiler; there is
+no network access and no GPU at build time.
+"""
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+ext_modules = [
+    Pybind11Extension(
+        "sglang_histospec.core._native",
+        sorted(["csrc/bindings.cc"]),
+        cxx_std=17,
+        extra_compile_args=["-O3"],
+    ),
+]
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": build_ext})

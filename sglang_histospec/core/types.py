@@ -1,0 +1,66 @@
+"""Small result types shared by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROOT = -1
+"""Parent index of a node whose parent is the root (the last committed token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A token tree proposed for one request; "no draft" is the empty draft, never None.
+
+    Nodes are in BFS order: every node's parent comes before it. The root (the last committed token) is
+    implicit and has index ``ROOT`` (-1).
+
+    Example: the tree  root -> 5 -> 6  and  root -> 7  is
+    ``Draft(token_ids=[5, 7, 6], parents=[-1, -1, 0], probs=[0.6, 0.4, 0.6])``;
+    ``draft.depths() == [1, 1, 2]`` and ``draft.path(2) == [5, 6]``.
+    """
+
+    token_ids: list[int] = field(default_factory=list)  # [n] token of each node
+    parents: list[int] = field(default_factory=list)  # [n] parent index, ROOT for children of the root
+    probs: list[float] = field(default_factory=list)  # [n] path probability of each node, in (0, 1]
+    match_len: int = 0
+    """Length of the context suffix that the draft was matched on (0 when nothing matched)."""
+    source: str = ""
+    """Where the nodes came from: "history", "siblings", "self", "global", "mixed" or "" (empty draft)."""
+
+    @classmethod
+    def empty(cls) -> Draft:
+        return cls()
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def depths(self) -> list[int]:
+        """Depth of each node; children of the root have depth 1."""
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p == ROOT else out[p] + 1)
+        return out
+
+    def path(self, i: int) -> list[int]:
+        """Tokens from the root's first child down to node ``i``."""
+        toks: list[int] = []
+        while i != ROOT:
+            toks.append(self.token_ids[i])
+            i = self.parents[i]
+        return toks[::-1]
+
+    def check(self) -> str | None:
+        """Return a description of the first broken invariant, or None when the draft is well formed."""
+        n = len(self.token_ids)
+        if len(self.parents) != n or len(self.probs) != n:
+            return f"length mismatch: {n} tokens, {len(self.parents)} parents, {len(self.probs)} probs"
+        for i, p in enumerate(self.parents):
+            if not (p == ROOT or 0 <= p < i):
+                return f"node {i} has parent {p}, which is not ROOT and not an earlier node"
+        depths = self.depths()
+        if any(depths[i] > depths[i + 1] for i in range(n - 1)):
+            return f"nodes are not in BFS order: depths {depths}"
+        if n and self.match_len < 0:
+            return f"match_len {self.match_len} < 0"
+        return None

@@ -1,0 +1,1 @@
+"""engine layer of sglang-histospec."""

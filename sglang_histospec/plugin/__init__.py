@@ -1,0 +1,1 @@
+"""plugin layer of sglang-histospec."""

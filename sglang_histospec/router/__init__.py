@@ -1,0 +1,1 @@
+"""router layer of sglang-histospec."""

@@ -1,0 +1,1 @@
+"""server layer of sglang-histospec."""

@@ -1,0 +1,1 @@
+"""TRL integration: HistoSpecGRPOTrainer and its client."""
