@@ -1,0 +1,328 @@
+"""HistoPipe planner: place a step's groups of requests on rollout workers from predicted lengths.
+
+A step is a list of :class:`Group` (one prompt, ``size`` samples). A policy returns a :class:`StepPlan`: for each
+worker the requests ``(group index, sample index)`` in the order the worker should start them. Policies:
+
+* ``round-robin``: group i to worker i mod W, in the given order (the usual baseline).
+* ``lpt``: whole groups, longest predicted first, each to the worker predicted to finish first.
+* ``histopipe`` (RhymeRL's two tiers, our reconstruction; the paper's HistoPipe was never released):
+  tier 2 splits long groups over k workers, k per group from its cost curve (predicted time of a piece of
+  ceil(G/k) samples, non-increasing in k), with a target time found by binary search so that predicted worker
+  completions come out even; tier 1 ranks the pieces by predicted cost and deals them longest first to the
+  worker predicted to finish first, counting each worker's backlog from the previous step when steps overlap,
+  and breaking ties in an order that alternates across adjacent steps (odd steps ascending: the longest work
+  goes to the last worker; even steps descending: to the first), so a worker that ran long work in one step
+  gets short work in the next. Outliers (:func:`is_outlier`) are moved or deferred by whoever runs the step
+  (the simulator, the router).
+
+Worker time is predicted with :meth:`CostModel.batch_time` from each request's predicted length (the mean of its
+prompt's history, or a quantile).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sglang_histospec.core.costmodel import CostModel
+from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor
+
+POLICIES = ("round-robin", "lpt", "histopipe")
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One prompt's ``size`` samples in a step."""
+
+    prompt_id: str
+    size: int
+    prompt_len: int = 0
+
+
+@dataclass(slots=True)
+class PlannerConfig:
+    policy: str = "histopipe"
+    """One of ``POLICIES``."""
+    length_quantile: float | None = None
+    """Predict each request's length by this quantile of its prompt's history (None = the mean)."""
+    split: bool = True
+    """histopipe tier 2: split long groups over several workers."""
+    search_iters: int = 24
+    """Binary-search iterations of tier 2 over the target time."""
+    outlier_factor: float = 1.5
+    """A request is an outlier once it has emitted more than this times its predicted mean (and its p90)."""
+    tail_fraction: float = 0.10
+    """Outliers are acted on only while at most this share of the step's requests is unfinished."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"PlannerConfig.policy={self.policy!r}: choose one of {', '.join(POLICIES)}")
+        if self.length_quantile is not None and not 0.0 <= self.length_quantile <= 1.0:
+            raise ValueError(f"PlannerConfig.length_quantile={self.length_quantile!r}: must be in [0, 1] or None")
+        if not (isinstance(self.search_iters, int) and self.search_iters >= 0):
+            raise ValueError(f"PlannerConfig.search_iters={self.search_iters!r}: must be an int >= 0")
+        if not self.outlier_factor >= 1.0:
+            raise ValueError(f"PlannerConfig.outlier_factor={self.outlier_factor!r}: must be >= 1")
+        if not 0.0 <= self.tail_fraction <= 1.0:
+            raise ValueError(f"PlannerConfig.tail_fraction={self.tail_fraction!r}: must be in [0, 1]")
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """Placement and start order of one step's requests."""
+
+    step: int
+    policy: str
+    workers: list[list[tuple[int, int]]]
+    """Per worker, ``(group index, sample index)`` in start order."""
+    predicted_finish: list[float]
+    """Per worker, predicted time from planning until its work of this step is done (backlog included)."""
+    predicted_lengths: list[float] = field(default_factory=list)
+    """Per group, the length each of its samples was predicted to have."""
+    splits: list[int] = field(default_factory=list)
+    """Per group, over how many workers its samples were spread."""
+
+    def worker_of(self) -> dict[tuple[int, int], int]:
+        """Map ``(group, sample) -> worker``."""
+        return {req: w for w, reqs in enumerate(self.workers) for req in reqs}
+
+    def check(self, groups: Sequence[Group]) -> str | None:
+        """Describe the first broken invariant (a request missing, duplicated or unknown), or None."""
+        expected = {(g, s) for g, group in enumerate(groups) for s in range(group.size)}
+        seen: set[tuple[int, int]] = set()
+        for w, reqs in enumerate(self.workers):
+            for req in reqs:
+                if req in seen:
+                    return f"request {req} placed twice (again on worker {w})"
+                if req not in expected:
+                    return f"request {req} on worker {w} is not in the step"
+                seen.add(req)
+        missing = expected - seen
+        return f"requests not placed: {sorted(missing)[:5]}" if missing else None
+
+
+@dataclass(slots=True)
+class _Load:
+    """Closed-form predicted time of a worker's requests (see :meth:`CostModel.batch_time`), kept incrementally."""
+
+    backlog: float = 0.0
+    prefill: float = 0.0
+    own: float = 0.0
+    max_iter: int = 0
+    sum_iter: int = 0
+
+    def finish(self, cost: CostModel) -> float:
+        fixed = max(self.max_iter, math.ceil(self.sum_iter / cost.config.max_running))
+        return self.backlog + self.prefill + self.own + cost.config.iteration_s * fixed
+
+    def add(self, cost: CostModel, prompt_len: int, length: int, count: int) -> None:
+        it = cost.iterations(length)
+        self.prefill += count * cost.prefill_time(prompt_len)
+        self.own += count * cost.own_time(prompt_len, length)
+        self.max_iter = max(self.max_iter, it)
+        self.sum_iter += count * it
+
+
+class Planner:
+    """Plans steps with one policy.
+
+    Example::
+
+        planner = Planner(CostModel(), PlannerConfig(policy="lpt"))
+        lengths = LengthPredictor(); lengths.add("a", 0, [900]); lengths.add("b", 0, [100])
+        plan = planner.plan(1, [Group("a", 2), Group("b", 2)], workers=2, lengths=lengths)
+        plan.workers   # [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]: the long group alone on worker 0
+    """
+
+    def __init__(self, cost: CostModel | None = None, config: PlannerConfig | None = None) -> None:
+        self.cost = cost or CostModel()
+        self.config = config or PlannerConfig()
+
+    def predict(self, estimate: LengthEstimate) -> float:
+        q = self.config.length_quantile
+        return estimate.mean if q is None else estimate.quantile(q)
+
+    def plan(
+        self,
+        step: int,
+        groups: Sequence[Group],
+        workers: int,
+        lengths: LengthPredictor,
+        backlog: Sequence[float] | None = None,
+    ) -> StepPlan:
+        """Place every request of ``groups`` on ``workers`` workers.
+
+        ``backlog``: per worker, predicted time until it can start this step (one-step overlap); only
+        ``histopipe`` uses it. Raises ValueError on an empty step, bad sizes or a backlog of the wrong length.
+        """
+        if not (isinstance(workers, int) and workers >= 1):
+            raise ValueError(f"workers={workers!r}: must be an int >= 1")
+        for g in groups:
+            if not (isinstance(g.size, int) and g.size >= 1) or g.prompt_len < 0:
+                raise ValueError(f"group {g.prompt_id!r}: size={g.size!r} must be >= 1, prompt_len >= 0")
+        if backlog is None:
+            backlog = [0.0] * workers
+        if len(backlog) != workers or any(not (b >= 0 and math.isfinite(b)) for b in backlog):
+            raise ValueError(f"backlog={list(backlog)!r}: need {workers} finite values >= 0 (one per worker)")
+        predicted = [max(1.0, self.predict(lengths.predict(g.prompt_id))) for g in groups]
+        policy = self.config.policy
+        if policy == "round-robin":
+            pieces = [(i, g.size) for i, g in enumerate(groups)]
+            assign = [i % workers for i in range(len(groups))]
+            return self._build(step, groups, predicted, pieces, assign, [0.0] * workers, longest_first=False)
+        if policy == "lpt":
+            pieces = [(i, g.size) for i, g in enumerate(groups)]
+            assign = self._greedy(groups, predicted, pieces, [0.0] * workers, order=range(workers))
+            return self._build(step, groups, predicted, pieces, assign, [0.0] * workers)
+        # histopipe: alternate the tie order across adjacent steps (odd: ascending, longest to the last worker).
+        order = range(workers - 1, -1, -1) if step % 2 == 1 else range(workers)
+        counts = self._split(groups, predicted, workers, list(backlog), order) if self.config.split else None
+        counts = counts or [[g.size] for g in groups]
+        pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
+        assign = self._greedy(groups, predicted, pieces, list(backlog), order)
+        return self._build(step, groups, predicted, pieces, assign, list(backlog))
+
+    # ---- tier 2 ----------------------------------------------------------------------------------------------
+    def piece_time(self, group: Group, length: float, samples: int) -> float:
+        """Predicted time of ``samples`` requests of ``group`` alone on a worker (one point of its cost curve)."""
+        return self.cost.batch_time([(group.prompt_len, int(round(length)))] * samples)
+
+    def split_sizes(self, group: Group, length: float, target: float, workers: int) -> list[int]:
+        """Sizes of the pieces of ``group`` for a target time: k = the fewest workers whose pieces fit ``target``.
+
+        k is found by binary search on the non-increasing cost curve k -> piece_time(ceil(G/k)); when even
+        k = min(G, workers) does not fit, that k is used. Example: 8 samples, pieces of 3 fit -> k = 3, [3, 3, 2].
+        """
+        hi = min(group.size, workers)
+        lo = 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.piece_time(group, length, math.ceil(group.size / mid)) <= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        k = lo
+        base, extra = divmod(group.size, k)
+        return [base + (1 if j < extra else 0) for j in range(k)]
+
+    def _split(
+        self, groups: Sequence[Group], predicted: list[float], workers: int, backlog: list[float], order: Sequence[int]
+    ) -> list[list[int]] | None:
+        """Binary search on the target time; returns the piece sizes with the smallest predicted makespan."""
+        if not groups:
+            return None
+        lo = max(self.piece_time(g, n, math.ceil(g.size / min(g.size, workers))) for g, n in zip(groups, predicted))
+        hi = max(self.piece_time(g, n, g.size) for g, n in zip(groups, predicted))
+        best: tuple[float, list[list[int]]] | None = None
+        for _ in range(self.config.search_iters + 1):
+            target = (lo + hi) / 2 if best is not None else hi
+            counts = [self.split_sizes(g, n, target, workers) for g, n in zip(groups, predicted)]
+            pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
+            assign = self._greedy(groups, predicted, pieces, list(backlog), order)
+            makespan = self._makespan(groups, predicted, pieces, assign, backlog)
+            if best is None or makespan < best[0] - 1e-12:
+                best = (makespan, counts)
+            if best is not None and target != hi:
+                if makespan <= target + max(backlog, default=0.0):
+                    hi = target
+                else:
+                    lo = target
+            if hi - lo <= 1e-3 * hi:
+                break
+        return best[1] if best else None
+
+    # ---- tier 1 / lpt ----------------------------------------------------------------------------------------
+    def _greedy(
+        self,
+        groups: Sequence[Group],
+        predicted: list[float],
+        pieces: Sequence[tuple[int, int]],
+        backlog: list[float],
+        order: Sequence[int],
+    ) -> list[int]:
+        """Longest piece first onto the worker predicted to finish first; ties by position in ``order``."""
+        rank = {w: r for r, w in enumerate(order)}
+        loads = [_Load(backlog=b) for b in backlog]
+        heap = [(loads[w].finish(self.cost), rank[w], w) for w in order]
+        heapq.heapify(heap)
+        by_cost = sorted(
+            range(len(pieces)),
+            key=lambda j: (-self.piece_time(groups[pieces[j][0]], predicted[pieces[j][0]], pieces[j][1]), j),
+        )
+        assign = [0] * len(pieces)
+        for j in by_cost:
+            i, m = pieces[j]
+            _, r, w = heapq.heappop(heap)
+            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m)
+            assign[j] = w
+            heapq.heappush(heap, (loads[w].finish(self.cost), r, w))
+        return assign
+
+    def _loads(
+        self,
+        groups: Sequence[Group],
+        predicted: list[float],
+        pieces: Sequence[tuple[int, int]],
+        assign: Sequence[int],
+        backlog: Sequence[float],
+    ) -> list[_Load]:
+        loads = [_Load(backlog=b) for b in backlog]
+        for (i, m), w in zip(pieces, assign):
+            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m)
+        return loads
+
+    def _makespan(
+        self,
+        groups: Sequence[Group],
+        predicted: list[float],
+        pieces: Sequence[tuple[int, int]],
+        assign: Sequence[int],
+        backlog: Sequence[float],
+    ) -> float:
+        return max(load.finish(self.cost) for load in self._loads(groups, predicted, pieces, assign, backlog))
+
+    def _build(
+        self,
+        step: int,
+        groups: Sequence[Group],
+        predicted: list[float],
+        pieces: Sequence[tuple[int, int]],
+        assign: Sequence[int],
+        backlog: list[float],
+        longest_first: bool = True,
+    ) -> StepPlan:
+        """Turn pieces ``(group, samples)`` and their workers into per-worker request lists."""
+        out: list[list[tuple[int, int]]] = [[] for _ in backlog]
+        next_sample = [0] * len(groups)
+        spread: list[set[int]] = [set() for _ in groups]
+        for (i, m), w in zip(pieces, assign):
+            out[w].extend((i, s) for s in range(next_sample[i], next_sample[i] + m))
+            next_sample[i] += m
+            spread[i].add(w)
+        if longest_first:
+            for reqs in out:
+                reqs.sort(key=lambda r: (-predicted[r[0]], r))
+        loads = self._loads(groups, predicted, pieces, assign, backlog)
+        return StepPlan(
+            step=step,
+            policy=self.config.policy,
+            workers=out,
+            predicted_finish=[load.finish(self.cost) for load in loads],
+            predicted_lengths=predicted,
+            splits=[len(s) for s in spread],
+        )
+
+
+def is_outlier(generated: int, estimate: LengthEstimate, config: PlannerConfig) -> bool:
+    """True when a running request has emitted well past its prediction (``outlier_factor`` x mean, and p90).
+
+    Example: mean 100, p90 140, factor 1.5: 151 tokens emitted -> True, 150 -> False.
+    """
+    return generated > max(config.outlier_factor * estimate.mean, estimate.quantile(0.9))
+
+
+def in_tail(unfinished: int, total: int, config: PlannerConfig) -> bool:
+    """True once at most ``tail_fraction`` of the step's ``total`` requests are unfinished."""
+    return total > 0 and unfinished <= config.tail_fraction * total
