@@ -11,7 +11,9 @@ import sys
 
 # One entry per subcommand module. Modules are imported to build the parser, so each keeps its heavy imports
 # (torch, transformers, uvicorn, ...) inside ``run``.
-COMMAND_MODULES: dict[tuple[str, ...], str] = {}
+COMMAND_MODULES: dict[tuple[str, ...], str] = {
+    ("serve",): "sglang_histospec.commands.serve",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,104 @@
+"""``histospec serve``: the HTTP rollout server (SGLang-compatible API plus history routes).
+
+Example: ``histospec serve --backend torch --model /tmp/tiny --port 30000 --history-dir /tmp/h``.
+``--backend sglang`` hands the parsed arguments to ``sglang_histospec.plugin.serve.run(args)`` (the SGLang plugin's
+launcher) when that module exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+
+COMMAND = ("serve",)
+HELP = "serve the HTTP rollout API (SGLang /generate, history push, stats, metrics, weight updates)"
+
+SGLANG_SERVE_MODULE = "sglang_histospec.plugin.serve"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("torch", "sglang"), default="torch", help="engine behind the API")
+    parser.add_argument("--model", "--model-path", dest="model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (beyond loopback needs an admin key)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("HISTOSPEC_ADMIN_API_KEY"),
+        help="guards history, end_step, weight and flush routes (Authorization: Bearer KEY); "
+        "default $HISTOSPEC_ADMIN_API_KEY",
+    )
+    parser.add_argument("--speculative-algorithm", choices=("HISTOSPEC", "NONE"), default="HISTOSPEC")
+    parser.add_argument("--num-draft-tokens", type=int, default=16, help="max draft nodes per request and step")
+    parser.add_argument("--history-dir", default=None, help="snapshot history here; restored at start")
+    parser.add_argument("--snapshot-debounce-s", type=float, default=2.0)
+    parser.add_argument(
+        "--no-end-step-on-weight-update",
+        dest="end_step_on_weight_update",
+        action="store_false",
+        help="weight updates do not close the drafter's step (the trainer calls /histospec/end_step)",
+    )
+    parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument("--max-context-len", type=int, default=None)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-request-bytes", type=int, default=64 * 2**20)
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from sglang_histospec.server.launch import check_bind
+
+    try:
+        check_bind(args.host, args.admin_api_key)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.backend == "sglang":
+        if importlib.util.find_spec(SGLANG_SERVE_MODULE) is None:
+            print(
+                f"error: --backend sglang needs {SGLANG_SERVE_MODULE} (the SGLang plugin launcher), which this "
+                "installation does not have; use --backend torch",
+                file=sys.stderr,
+            )
+            return 2
+        return int(importlib.import_module(SGLANG_SERVE_MODULE).run(args) or 0)
+    return _run_torch(args)
+
+
+def _run_torch(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sglang_histospec.engine.types import EngineConfig
+    from sglang_histospec.server.app import AppConfig, create_app
+    from sglang_histospec.server.launch import run_app
+    from sglang_histospec.server.torch_backend import TorchBackend, TorchBackendConfig
+
+    try:
+        engine_config = EngineConfig(
+            model_path=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_running_requests=args.max_running_requests,
+            max_context_len=args.max_context_len,
+            speculative_algorithm=args.speculative_algorithm,
+            num_draft_tokens=args.num_draft_tokens,
+            seed=args.seed,
+        )
+        backend = TorchBackend(
+            TorchBackendConfig(
+                engine=engine_config,
+                history_dir=args.history_dir,
+                snapshot_debounce_s=args.snapshot_debounce_s,
+                end_step_on_weight_update=args.end_step_on_weight_update,
+            )
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(backend, AppConfig(admin_api_key=args.admin_api_key, max_request_bytes=args.max_request_bytes))
+    run_app(app, args.host, args.port, admin_api_key=args.admin_api_key, log_level=args.log_level)
+    return 0

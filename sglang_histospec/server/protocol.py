@@ -1,0 +1,151 @@
+"""What the HTTP layer asks of a rollout backend (torch engine or SGLang), as plain data; no torch import.
+
+The routes in ``server/app.py`` validate every request into these dataclasses, then call one ``Backend``.
+A backend never sees raw JSON and never validates shapes; it may still fail (``BackendError``) on a state
+problem, e.g. a weight update from a path that holds no model.
+
+Example (a backend answering one greedy request)::
+
+    req = GenerationInput(input_ids=[1, 5, 7], max_new_tokens=4, temperature=0.0)
+    [out] = await backend.generate([req])
+    out.output_ids            # e.g. [9, 9, 2]
+    out.finish_reason         # {"type": "stop", "matched": 2}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class BackendError(RuntimeError):
+    """A request that was well formed but could not be served (bad checkpoint path, server shutting down...).
+
+    ``status`` is the HTTP status the route answers with.
+    """
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BackendUnavailable(BackendError):
+    """The backend is shutting down or its engine failed (HTTP 503)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=503)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """Facts the routes need to validate requests."""
+
+    vocab_size: int
+    """Token ids must lie in [0, vocab_size)."""
+    context_len: int
+    """Prompt tokens + max_new_tokens must not exceed this."""
+    has_tokenizer: bool = True
+    """False: ``text`` prompts are refused (send ``input_ids``)."""
+
+
+@dataclass(slots=True)
+class GenerationInput:
+    """One validated generation request (one item of a /generate batch)."""
+
+    input_ids: list[int]  # [prompt_len] token ids in [0, vocab_size)
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 = no top-k."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    """True: the model's EOS does not end the request (``stop_token_ids`` still do)."""
+    seed: int | None = None
+    prompt_id: str | None = None
+    """History group (``sampling_params.custom_params.prompt_id``); None = no history drafting."""
+    return_logprob: bool = False
+    rid: str | None = None
+    """Request id; the server assigns one when None."""
+    skip_special_tokens: bool = True
+    """Used only to detokenize ``text``."""
+
+
+@dataclass(slots=True)
+class GenerationOutput:
+    """One finished request, in the pieces SGLang's /generate response is built from."""
+
+    rid: str
+    output_ids: list[int]
+    text: str
+    prompt_tokens: int
+    finish_reason: dict[str, Any]
+    """SGLang shape: ``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}``,
+    ``{"type": "abort", "message": str}``."""
+    output_token_logprobs: list[float] | None = None
+    """[completion_tokens] logprob of each emitted token, or None when not requested."""
+    spec_verify_ct: int = 0
+    """Target-model forward passes (verify steps) this request took part in."""
+    spec_draft_token_num: int = 0
+    """Draft tokens proposed for this request."""
+    spec_accept_token_num: int = 0
+    """Draft tokens accepted for this request (bonus tokens excluded)."""
+    e2e_latency: float = 0.0
+    weight_version: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One prompt's responses pushed by a trainer."""
+
+    prompt_id: str
+    responses: list[list[int]]  # [n_responses][len] token ids
+    rewards: list[float] | None = None  # [n_responses]
+    prompt_tokens: list[int] | None = None  # [prompt_len] optional; its tail goes before each response
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The one interface the HTTP routes use. All coroutine methods run on the server's event loop and must
+    not block it (a backend hands work to its own thread or process)."""
+
+    def limits(self) -> ModelLimits: ...
+
+    def model_info(self) -> dict[str, Any]:
+        """SGLang's /get_model_info keys at least: model_path, tokenizer_path, is_generation, weight_version."""
+        ...
+
+    def is_ready(self) -> bool: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    async def generate(self, requests: list[GenerationInput]) -> list[GenerationOutput]: ...
+
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
+        """Add the entries between engine steps; returns the number of responses added."""
+        ...
+
+    async def end_step(self, step: int | None) -> None:
+        """Close the drafter's open step (server-recorded responses become history)."""
+        ...
+
+    async def update_weights_from_disk(
+        self, model_path: str, flush_cache: bool, weight_version: str | None, abort_all_requests: bool
+    ) -> str:
+        """Reload weights once running requests are done (or aborted); never touches the history.
+        Returns a message; raises BackendError on failure."""
+        ...
+
+    async def flush_cache(self) -> str:
+        """Drop cached KV (none survives a request in the torch engine); never touches the history."""
+        ...
+
+    async def stats(self) -> dict[str, Any]:
+        """JSON stats: ``history`` (the drafter's stats: prompts, history_tokens, memory_bytes...), ``engine``,
+        and optional ``gauges`` ({prometheus name: value}) for /metrics."""
+        ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,246 @@
+"""The embedded torch engine as a ``Backend`` of the HTTP server: one engine, driven by one ``EngineLoop`` thread.
+
+History and steps: every finished response with a prompt id is recorded by the engine as a sibling of the
+drafter's open step. A weight update closes that step (``drafter.end_step``) so the recorded responses become
+history, numbered with the weight version they were generated under when it is an integer (TRL sends the global
+step as ``weight_version``); a trainer that pushes the same responses with that step number is deduplicated by
+the drafter (a pushed prompt+step is never counted twice). ``end_step_on_weight_update=False`` leaves steps to the
+trainer (``POST /histospec/end_step``). Weight updates and cache flushes never drop the history.
+
+Example::
+
+    backend = TorchBackend(TorchBackendConfig(engine=EngineConfig(model_path="/tmp/tiny"), history_dir="/tmp/h"))
+    app = create_app(backend)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult, SamplingParams
+from sglang_histospec.server.engine_loop import EngineLoop
+from sglang_histospec.server.protocol import (
+    BackendError,
+    GenerationInput,
+    GenerationOutput,
+    HistoryEntry,
+    ModelLimits,
+)
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_NAME = "history.snapshot"
+
+
+@dataclass(slots=True)
+class TorchBackendConfig:
+    """The engine's config plus what the server adds around it."""
+
+    engine: EngineConfig
+    history_dir: str | None = None
+    """Directory of the history snapshot: restored at start, written after pushes / end_step (debounced) and at
+    shutdown. None = history lives in memory only."""
+    snapshot_debounce_s: float = 2.0
+    """Seconds between the first unsaved history change and the snapshot that saves it."""
+    end_step_on_weight_update: bool = True
+    """A weight update closes the drafter's open step (see the module docstring)."""
+
+
+def _parse_step(version: str | None) -> int | None:
+    if version is None:
+        return None
+    try:
+        step = int(version)
+    except ValueError:
+        return None
+    return step if step >= 0 else None
+
+
+class TorchBackend:
+    """Implements ``sglang_histospec.server.protocol.Backend`` over ``sglang_histospec.engine.Engine``."""
+
+    def __init__(self, config: TorchBackendConfig) -> None:
+        from sglang_histospec.engine.engine import Engine
+
+        self.config = config
+        self.engine = Engine(config.engine)
+        self.snapshot_path = None
+        if config.history_dir is not None:
+            self.snapshot_path = os.path.join(config.history_dir, SNAPSHOT_NAME)
+            if os.path.exists(self.snapshot_path):
+                self._restore(self.snapshot_path)
+        self._limits = ModelLimits(
+            vocab_size=int(self.engine.vocab_size),
+            context_len=int(self.engine.max_context_len),
+            has_tokenizer=self.engine.tokenizer is not None,
+        )
+        self._weight_version = str(self.engine.weight_version or "default")
+        self.loop = EngineLoop(
+            self.engine, snapshot_path=self.snapshot_path, snapshot_debounce_s=config.snapshot_debounce_s
+        )
+        self.loop.start()
+
+    def _restore(self, path: str) -> None:
+        from sglang_histospec.core import HistoSpecDrafter
+
+        cfg = getattr(self.engine.drafter, "cfg", None)
+        try:
+            self.engine.drafter = HistoSpecDrafter.load(path, cfg)
+        except Exception as exc:
+            raise ValueError(
+                f"history snapshot {path} cannot be restored ({exc}); move it away to start empty"
+            ) from exc
+        logger.info("restored history from %s: %s", path, self.engine.drafter.stats())
+
+    # ---- Backend protocol --------------------------------------------------------------------------------
+    def limits(self) -> ModelLimits:
+        return self._limits
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.engine.model_path,
+            "tokenizer_path": self.engine.model_path if self._limits.has_tokenizer else None,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self._weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "vocab_size": self._limits.vocab_size,
+            "max_context_len": self._limits.context_len,
+            "speculative_algorithm": self.config.engine.speculative_algorithm,
+            "backend": "torch",
+            "device": str(self.engine.device),
+        }
+
+    def is_ready(self) -> bool:
+        return self.loop.is_alive()
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer(text).input_ids)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        if self.engine.tokenizer is None:
+            return ""
+        return self.engine.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    async def generate(self, requests: list[GenerationInput]) -> list[GenerationOutput]:
+        start = time.perf_counter()
+        futures: list[asyncio.Future] = []
+        rids: list[str] = []
+        for req in requests:
+            rid = req.rid or uuid.uuid4().hex
+            try:
+                engine_req = GenerateRequest(
+                    rid=rid,
+                    input_ids=req.input_ids,
+                    prompt_id=req.prompt_id,
+                    return_logprob=req.return_logprob,
+                    sampling=SamplingParams(
+                        temperature=req.temperature,
+                        top_p=req.top_p,
+                        top_k=req.top_k,
+                        max_new_tokens=req.max_new_tokens,
+                        stop_token_ids=req.stop_token_ids,
+                        ignore_eos=req.ignore_eos,
+                        seed=req.seed,
+                    ),
+                )
+            except ValueError as exc:
+                raise BackendError(str(exc)) from exc
+            futures.append(asyncio.wrap_future(self.loop.submit_request(engine_req)))
+            rids.append(rid)
+        done, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:  # abort the rest of the batch: nothing keeps running for a failed HTTP request
+            still_running = [r for r, f in zip(rids, futures) if f in pending]
+            await self._call(lambda engine: [engine.abort(r) for r in still_running])
+            if pending:
+                await asyncio.wait(pending)
+            exc = failed[0].exception()
+            if isinstance(exc, ValueError):
+                raise BackendError(str(exc)) from exc
+            raise exc  # type: ignore[misc]
+        latency = time.perf_counter() - start
+        return [self._output(f.result(), req, latency) for f, req in zip(futures, requests)]
+
+    def _output(self, res: GenerateResult, req: GenerationInput, latency: float) -> GenerationOutput:
+        return GenerationOutput(
+            rid=res.rid,
+            output_ids=list(res.output_ids),
+            text=self.decode(list(res.output_ids), skip_special_tokens=req.skip_special_tokens),
+            prompt_tokens=res.prompt_tokens or len(req.input_ids),
+            finish_reason=res.finish_reason,
+            output_token_logprobs=res.output_logprobs,
+            spec_verify_ct=res.spec_verify_ct,
+            spec_draft_token_num=res.spec_draft_tokens,
+            spec_accept_token_num=res.spec_accepted_tokens,
+            e2e_latency=latency,
+            weight_version=self._weight_version,
+        )
+
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
+        def apply(engine: Any) -> int:
+            return sum(
+                int(engine.drafter.add(e.prompt_id, step, e.responses, e.rewards, prompt_tokens=e.prompt_tokens))
+                for e in entries
+            )
+
+        return await self._call(apply, changes_history=True)
+
+    async def end_step(self, step: int | None) -> None:
+        await self._call(lambda engine: engine.drafter.end_step(step), changes_history=True)
+
+    async def update_weights_from_disk(
+        self, model_path: str, flush_cache: bool, weight_version: str | None, abort_all_requests: bool
+    ) -> str:
+        if not os.path.isdir(model_path):
+            raise BackendError(f"model_path: {model_path!r} is not a directory")
+        if abort_all_requests:
+            await asyncio.wrap_future(self.loop.abort_all())
+
+        def apply(engine: Any) -> str:  # on the engine thread, with no request in flight
+            generated_under = _parse_step(self._weight_version)
+            engine.update_weights_from_disk(model_path, weight_version)
+            if weight_version is not None:
+                self._weight_version = weight_version
+            if flush_cache:
+                engine.flush_cache()
+            if self.config.end_step_on_weight_update:
+                engine.drafter.end_step(generated_under)
+            return f"Succeeded to update model weights from {model_path}."
+
+        return await self._call(apply, barrier=True, changes_history=self.config.end_step_on_weight_update)
+
+    async def flush_cache(self) -> str:
+        await self._call(lambda engine: engine.flush_cache(), barrier=True)
+        return "Cache flushed."
+
+    async def stats(self) -> dict[str, Any]:
+        engine_stats = await self._call(lambda engine: engine.stats())
+        drafter_stats = engine_stats.get("drafter") if isinstance(engine_stats, dict) else None
+        return {
+            "history": drafter_stats or {},
+            "engine": {k: v for k, v in engine_stats.items() if k != "drafter"},
+            "speculative_algorithm": self.config.engine.speculative_algorithm,
+            "weight_version": self._weight_version,
+            "snapshots_written": self.loop.snapshots_written,
+            "gauges": {
+                "histospec_requests_running": engine_stats.get("requests_running", 0),
+                "histospec_requests_waiting": engine_stats.get("requests_waiting", 0),
+            },
+        }
+
+    async def shutdown(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.loop.stop)
+
+    async def _call(self, fn: Any, *, barrier: bool = False, changes_history: bool = False) -> Any:
+        try:
+            return await asyncio.wrap_future(self.loop.call(fn, barrier=barrier, changes_history=changes_history))
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
