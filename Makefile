@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 EXTRAS ?= dev,trl,notebooks
 
-.PHONY: install test test-all demo bench lint format clean
+.PHONY: install test test-all demo bench lint format clean install-peers
 
 install: $(VENV)/.installed
 
@@ -40,3 +40,12 @@ format: install
 
 clean:
 	rm -rf build *.egg-info sglang_histospec/core/_native*.so
+
+# Peer drafters for `histospec replay --drafter sglang-ngram|suffix` (docs/replay.md): SGLang 0.5.23's NGRAM corpus
+# (installed without its dependencies: its C++ is JIT-compiled on first use) and ArcticInference's SuffixDecoding
+# cache (CPU-only nanobind build against this venv's interpreter).
+install-peers: install
+	$(PIP) install -q -c constraints.txt --no-deps sglang==0.5.23
+	$(PIP) install -q -c constraints.txt apache-tvm-ffi==0.1.11 msgspec
+	$(PIP) install -q -c constraints.txt nanobind==2.9.2 cmake ninja wheel setuptools
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PIP) install -q -c constraints.txt --no-build-isolation --no-deps arctic-inference==0.3.0

@@ -1,0 +1,374 @@
+"""Exact offline replay of a drafter on a recorded trace (docs/replay.md; design.md section 4).
+
+Steps are replayed in increasing order. Within a step, responses are decoded one after the other in the
+*sibling order*: shorter first, ties by sample index, then by the prompt's first appearance in the step; a
+response counts as finished (visible to the ``siblings`` / live ``global`` sources) for every response after it
+in that order. After the last response of step s the drafter's ``end_step`` turns the step's responses (with
+rewards) into history, so step s + 1 sees them (within the drafter's window).
+
+Each response is decoded against its realized tokens: at each verify step the drafter proposes a tree of at
+most ``budget`` nodes for the current context; the accepted length ``a`` is the number of nodes on the longest
+root path whose tokens equal the next realized tokens (children tried in their order in the draft); the step
+emits ``min(a + 1, remaining)`` tokens (the accepted path plus the bonus token, fewer at the end).
+
+Metrics: ``tau = tokens / verify_steps``; ``accept_rate = accepted / drafted`` (0 when nothing was drafted);
+``oracle_tau``: the same decoding with, at every verify step, ``a`` = the longest prefix (at most budget) of the
+realized continuation that occurs anywhere in the sources the drafter may use (docs/replay.md proves it bounds
+every drafter restricted to those sources from above); ``draft_us_p50/p99``: wall time per ``draft`` call;
+``est_speedup = tokens / sum over verify steps of cost(1 + drafted, batch)`` with a ``VerifyCostTable``.
+
+Example (``NoneDrafter`` never drafts, so every verify step emits exactly one token)::
+
+    >>> from sglang_histospec.core.trace import TraceRecord, TraceStep
+    >>> steps = [TraceStep(0, [TraceRecord(0, "p", 0, [1], [2, 3, 4])])]
+    >>> r = replay(steps, NoneDrafter(), ReplayConfig(budget=4))
+    >>> r.tau, r.verify_steps, r.oracle_tau
+    (1.0, 3, 1.0)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from sglang_histospec.core.kgrams import KeySet, kgram_keys, leading_true, self_occurs
+from sglang_histospec.core.trace import TraceRecord, TraceStep
+from sglang_histospec.core.types import ROOT, Draft
+from sglang_histospec.core.verifycost import VerifyCostTable
+
+SOURCES = ("history", "siblings", "self", "global")
+"""Draft sources a drafter may declare (the oracle uses the same ones)."""
+MAX_REPLAY_BUDGET = 1024
+
+
+class ReplayDrafter(Protocol):
+    """What replay drives; adapters for HistoSpec, RhymeRL, prompt lookup and the peers implement it."""
+
+    name: str
+    sources: tuple[str, ...]
+    """Sources the drafter may draft from (subset of ``SOURCES``); the oracle uses exactly these."""
+    window: int | None
+    """History visits of a prompt the drafter keeps (None = all)."""
+    live_global: bool
+    """True when finished responses of the open step are visible to the global source at once."""
+
+    def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None: ...
+    def extend(self, req_id: str, tokens: list[int]) -> None: ...
+    def draft(self, req_id: str, budget: int) -> Draft: ...
+    def finish(self, req_id: str, response: list[int]) -> None: ...
+    def end_step(self, step: int, groups: list[tuple[str, list[int], list[list[int]], list[float] | None]]) -> None:
+        """Close ``step``; ``groups`` = (prompt_id, prompt, responses by sample, rewards or None) per prompt."""
+        ...
+
+    def budget(self, req_id: str, cap: int) -> int:
+        """Budget of the request's next verify step, at most ``cap`` (per-request AIMD lives here)."""
+        ...
+
+    def observe(self, req_id: str, drafted: int, accepted: int) -> None: ...
+
+
+class BaseDrafter:
+    """Defaults for ``ReplayDrafter``: fixed budget, no-op lifecycle; subclasses override what they need."""
+
+    name = "base"
+    sources: tuple[str, ...] = ()
+    window: int | None = None
+    live_global = False
+
+    def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
+        pass
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        pass
+
+    def draft(self, req_id: str, budget: int) -> Draft:
+        return Draft.empty()
+
+    def finish(self, req_id: str, response: list[int]) -> None:
+        pass
+
+    def end_step(self, step: int, groups: list[tuple[str, list[int], list[list[int]], list[float] | None]]) -> None:
+        pass
+
+    def budget(self, req_id: str, cap: int) -> int:
+        return cap
+
+    def observe(self, req_id: str, drafted: int, accepted: int) -> None:
+        pass
+
+
+class NoneDrafter(BaseDrafter):
+    """No speculation: tau = 1."""
+
+    name = "none"
+
+
+def accept_length(draft: Draft, target: Sequence[int], start: int) -> int:
+    """Nodes accepted when the realized tokens from ``start`` on are ``target[start:]``.
+
+    Walks from the root: among the children of the current node (in draft order) the first whose token equals
+    the next realized token is accepted. One forward scan suffices because every parent precedes its children.
+    Example: draft root->5->6, root->7 (``token_ids=[5, 7, 6], parents=[-1, -1, 0]``) against ``[5, 6, 9]``
+    accepts 2; against ``[7, 6]`` accepts 1.
+    """
+    cur, a, n = ROOT, 0, len(target)
+    toks, parents = draft.token_ids, draft.parents
+    for i in range(len(toks)):
+        if start + a >= n:
+            break
+        if parents[i] == cur and toks[i] == target[start + a]:
+            cur = i
+            a += 1
+    return a
+
+
+@dataclass(slots=True)
+class ReplayConfig:
+    """How to replay."""
+
+    budget: int
+    """N: at most this many draft nodes per verify step (drafters with AIMD use less)."""
+    oracle: bool = True
+    """Compute ``oracle_tau`` (costs about as much as a fast drafter)."""
+    verify_cost: VerifyCostTable | None = None
+    """When set, report ``est_speedup`` with this table."""
+    batch: int = 1
+    """Batch size at which the verify cost is read."""
+    progress: bool = False
+    """Show a progress bar on stderr (tqdm)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_REPLAY_BUDGET:
+            raise ValueError(f"budget={self.budget!r} must be an int in [0, {MAX_REPLAY_BUDGET}]")
+        if self.batch < 1:
+            raise ValueError(f"batch={self.batch} must be >= 1")
+
+
+@dataclass(slots=True)
+class StepStats:
+    """Per training step totals (for plots)."""
+
+    step: int
+    responses: int = 0
+    tokens: int = 0
+    verify_steps: int = 0
+    oracle_steps: int = 0
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Output of ``replay``; ``to_json()`` gives the documented JSON object."""
+
+    drafter: str
+    budget: int
+    responses: int = 0
+    tokens: int = 0
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    oracle_steps: int = 0
+    draft_us_p50: float = 0.0
+    draft_us_p99: float = 0.0
+    est_speedup: float | None = None
+    wall_s: float = 0.0
+    per_step: list[StepStats] = field(default_factory=list)
+    accept_hist: list[int] = field(default_factory=list)
+    """accept_hist[a] = verify steps that accepted a nodes."""
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def oracle_tau(self) -> float | None:
+        return self.tokens / self.oracle_steps if self.oracle_steps else None
+
+    def to_json(self) -> dict:
+        out = {
+            "drafter": self.drafter,
+            "budget": self.budget,
+            "responses": self.responses,
+            "tokens": self.tokens,
+            "verify_steps": self.verify_steps,
+            "tau": round(self.tau, 6),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "accept_rate": round(self.accept_rate, 6),
+            "oracle_tau": None if self.oracle_tau is None else round(self.oracle_tau, 6),
+            "draft_us_p50": round(self.draft_us_p50, 3),
+            "draft_us_p99": round(self.draft_us_p99, 3),
+        }
+        if self.est_speedup is not None:
+            out["est_speedup"] = round(self.est_speedup, 6)
+        out["wall_s"] = round(self.wall_s, 3)
+        out["tokens_per_min"] = round(self.tokens / self.wall_s * 60) if self.wall_s > 0 else None
+        out["per_step"] = [asdict(s) for s in self.per_step]
+        return out
+
+
+class Oracle:
+    """Longest-prefix oracle over the sources a drafter may use (docs/replay.md, "Oracle").
+
+    Sequences are ``prompt + response`` (a superset of what any drafter indexes, so the bound stays valid).
+    """
+
+    def __init__(self, budget: int, sources: tuple[str, ...], window: int | None, live_global: bool) -> None:
+        bad = set(sources) - set(SOURCES)
+        if bad:
+            raise ValueError(f"unknown sources {sorted(bad)}; known: {SOURCES}")
+        self.kmax = max(budget, 1)
+        self.budget = budget
+        self.sources = set(sources)
+        self.window = window
+        self.live_global = live_global
+        self.history: dict[str, deque[KeySet]] = {}
+        self.open: dict[str, KeySet] = {}
+        self.glob = KeySet(self.kmax)
+
+    def steps(self, rec: TraceRecord, keys: np.ndarray) -> int:
+        """Verify steps the oracle needs for ``rec``; ``keys = kgram_keys(rec.prompt + rec.response, kmax)``."""
+        n = len(rec.response)
+        if n == 0:
+            return 0
+        if self.budget == 0 or not self.sources:
+            return n
+        plen = len(rec.prompt)
+        rkeys = keys[:, plen:]
+        mask = np.zeros(rkeys.shape, dtype=bool)
+        if "history" in self.sources:
+            for ks in self.history.get(rec.prompt_id, ()):
+                mask |= ks.contains(rkeys)
+        if "siblings" in self.sources and rec.prompt_id in self.open:
+            mask |= self.open[rec.prompt_id].contains(rkeys)
+        if "global" in self.sources:
+            mask |= self.glob.contains(rkeys)
+        if "self" in self.sources:
+            mask |= self_occurs(rec.prompt, rec.response, self.kmax, keys)
+        reach = leading_true(mask).tolist()
+        p = steps = 0
+        while p < n:
+            p += min(reach[p], self.budget) + 1
+            steps += 1
+        return steps
+
+    def finished(self, rec: TraceRecord, keys: np.ndarray) -> None:
+        self.open.setdefault(rec.prompt_id, KeySet(self.kmax)).add_keys(keys)
+        if "global" in self.sources and self.live_global:
+            self.glob.add_keys(keys)
+
+    def end_step(self) -> None:
+        for pid, ks in self.open.items():
+            hist = self.history.setdefault(pid, deque(maxlen=self.window))
+            hist.append(ks)
+            if "global" in self.sources and not self.live_global:
+                self.glob.add_keys_from(ks)
+        self.open = {}
+
+
+def sibling_order(records: list[TraceRecord]) -> list[TraceRecord]:
+    """Decode order within a step: shorter responses first, ties by sample index, then prompt appearance."""
+    first: dict[str, int] = {}
+    for r in records:
+        first.setdefault(r.prompt_id, len(first))
+    return sorted(records, key=lambda r: (len(r.response), r.sample, first[r.prompt_id]))
+
+
+def _groups(records: list[TraceRecord]) -> list[tuple[str, list[int], list[list[int]], list[float] | None]]:
+    by: dict[str, list[TraceRecord]] = {}
+    for r in records:
+        by.setdefault(r.prompt_id, []).append(r)
+    out = []
+    for pid, rs in by.items():
+        rs = sorted(rs, key=lambda r: r.sample)
+        rewards = [r.reward for r in rs]
+        out.append((pid, rs[0].prompt, [r.response for r in rs], None if any(x is None for x in rewards) else rewards))
+    return out
+
+
+def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig) -> ReplayResult:
+    """Replay ``steps`` (sorted by step, e.g. from ``load_steps``) with ``drafter``; see the module docstring."""
+    if any(b.step <= a.step for a, b in zip(steps, steps[1:])):
+        raise ValueError("steps must be strictly increasing (use trace.load_steps, which sorts)")
+    res = ReplayResult(drafter.name, cfg.budget)
+    oracle = Oracle(cfg.budget, drafter.sources, drafter.window, drafter.live_global) if cfg.oracle else None
+    kmax = max(cfg.budget, 1)
+    draft_ns: list[int] = []
+    cost_sum = 0.0
+    costs = (
+        [cfg.verify_cost.cost(1 + d, cfg.batch) for d in range(cfg.budget + 1)] if cfg.verify_cost else None
+    )  # fmt: skip
+    hist = [0] * (cfg.budget + 1)
+    total = sum(len(s.records) for s in steps)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="resp", desc=f"replay {drafter.name}", leave=False)
+    t_start = time.perf_counter()
+    clock = time.perf_counter_ns
+    budget_cap = cfg.budget
+    for st in steps:
+        ss = StepStats(st.step)
+        for rec in sibling_order(st.records):
+            resp = rec.response
+            n = len(resp)
+            rid = f"{st.step}:{rec.prompt_id}:{rec.sample}"
+            drafter.start(rid, rec.prompt_id, rec.prompt)
+            p = vsteps = 0
+            while p < n:
+                b = drafter.budget(rid, budget_cap)
+                t0 = clock()
+                d = drafter.draft(rid, b)
+                draft_ns.append(clock() - t0)
+                nd = len(d.token_ids)
+                if nd > b:
+                    raise RuntimeError(f"drafter {drafter.name!r} returned {nd} nodes for budget {b}")
+                a = accept_length(d, resp, p) if nd else 0
+                e = min(a + 1, n - p)
+                drafter.extend(rid, resp[p : p + e])
+                drafter.observe(rid, nd, a)
+                p += e
+                vsteps += 1
+                res.drafted += nd
+                res.accepted += a
+                hist[a] += 1
+                if costs is not None:
+                    cost_sum += costs[nd]
+            drafter.finish(rid, resp)
+            ss.responses += 1
+            ss.tokens += n
+            ss.verify_steps += vsteps
+            if oracle is not None:
+                keys = kgram_keys(rec.prompt + resp, kmax)
+                ss.oracle_steps += oracle.steps(rec, keys)
+                oracle.finished(rec, keys)
+            if bar is not None:
+                bar.update(1)
+        drafter.end_step(st.step, _groups(st.records))
+        if oracle is not None:
+            oracle.end_step()
+        res.per_step.append(ss)
+        res.responses += ss.responses
+        res.tokens += ss.tokens
+        res.verify_steps += ss.verify_steps
+        res.oracle_steps += ss.oracle_steps
+    if bar is not None:
+        bar.close()
+    res.wall_s = time.perf_counter() - t_start
+    if draft_ns:
+        us = np.asarray(draft_ns, dtype=np.float64) / 1e3
+        res.draft_us_p50 = float(np.percentile(us, 50))
+        res.draft_us_p99 = float(np.percentile(us, 99))
+    if costs is not None and cost_sum > 0:
+        res.est_speedup = res.tokens / cost_sum
+    res.accept_hist = hist
+    return res
