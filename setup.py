@@ -10,7 +10,7 @@ from setuptools import setup
 ext_modules = [
     Pybind11Extension(
         "sglang_histospec.core._native",
-        sorted(["csrc/bindings.cc"]),
+        sorted(["csrc/bindings.cc", "csrc/drafter.cc", "csrc/index.cc", "csrc/sais.cc"]),
         cxx_std=17,
         extra_compile_args=["-O3"],
     ),

@@ -1,9 +1,162 @@
-// Python bindings of the native history index. The index itself lives in the other files of csrc/.
+// Python bindings of the native history index (module sglang_histospec.core._native).
+//
+// Token inputs come in two forms with distinct names, so no overload resolution runs per call: `*_array`
+// methods take 1-D C-contiguous int32 numpy arrays without copying, the plain ones take lists of ints.
+// Methods marked "debug" walk whole structures and are not meant for the serving loop.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "drafter.h"
+#include "sais.h"
 
 namespace py = pybind11;
+using histospec::Config;
+using histospec::Drafter;
+using histospec::DraftOut;
+using histospec::Span;
+
+namespace {
+
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+const char* const kSourceNames[] = {"history", "siblings", "self", "global"};
+
+Span span_of(const I32Array& a) {
+  if (a.ndim() != 1) throw std::invalid_argument("expected a 1-D int32 array, got ndim=" + std::to_string(a.ndim()));
+  return {a.data(), static_cast<int64_t>(a.shape(0))};
+}
+
+std::vector<Span> spans_of(const std::vector<I32Array>& arrays) {
+  std::vector<Span> out;
+  out.reserve(arrays.size());
+  for (const auto& a : arrays) out.push_back(span_of(a));
+  return out;
+}
+
+Config make_config(int32_t min_match, int32_t max_match, bool tree, double min_prob, bool use_frequency,
+                   const std::vector<std::string>& sources) {
+  Config c;
+  c.min_match = min_match;
+  c.max_match = max_match;
+  c.tree = tree;
+  c.min_prob = min_prob;
+  c.use_frequency = use_frequency;
+  c.sources.fill(false);
+  for (const auto& s : sources) {
+    bool found = false;
+    for (int i = 0; i < histospec::kNumSources; ++i)
+      if (s == kSourceNames[i]) c.sources[i] = found = true;
+    if (!found) throw std::invalid_argument("unknown source '" + s + "': expected history, siblings, self or global");
+  }
+  return c;
+}
+
+py::list to_python(std::vector<DraftOut>& drafts) {
+  py::list out(drafts.size());
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    DraftOut& d = drafts[i];
+    out[i] = py::make_tuple(py::cast(d.tokens), py::cast(d.parents), py::cast(d.probs), d.match_len,
+                            d.source < 0 ? "" : kSourceNames[d.source]);
+  }
+  return out;
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "Native history index of sglang-histospec";
-  m.attr("ABI_VERSION") = 1;
+  m.doc() = "Native history index of sglang-histospec (semantics: docs/drafting.md)";
+  m.attr("ABI_VERSION") = 2;
+
+  m.def(
+      "suffix_array",
+      [](const I32Array& s, int32_t alphabet) {
+        Span sp = span_of(s);
+        for (int64_t i = 0; i < sp.size; ++i)
+          if (sp.data[i] < 0 || sp.data[i] >= alphabet) throw std::invalid_argument("character outside the alphabet");
+        std::vector<int32_t> sa(sp.size);
+        histospec::suffix_array(sp.data, static_cast<int32_t>(sp.size), alphabet, sa.data());
+        return sa;
+      },
+      py::arg("s"), py::arg("alphabet"), "Debug: suffix array of s (characters in [0, alphabet)).");
+
+  py::class_<Drafter>(m, "Drafter")
+      .def(py::init([](int32_t min_match, int32_t max_match, bool tree, double min_prob, bool use_frequency,
+                       const std::vector<std::string>& sources) {
+             return new Drafter(make_config(min_match, max_match, tree, min_prob, use_frequency, sources));
+           }),
+           py::kw_only(), py::arg("min_match"), py::arg("max_match"), py::arg("tree"), py::arg("min_prob"),
+           py::arg("use_frequency"), py::arg("sources"))
+      .def(
+          "set_history",
+          [](Drafter& d, const std::string& prompt_id, const std::vector<I32Array>& seqs,
+             const std::vector<int64_t>& weights) {
+            if (seqs.size() != weights.size()) throw std::invalid_argument("one weight per sequence");
+            const auto spans = spans_of(seqs);  // the arrays stay referenced by `seqs` while the GIL is free
+            py::gil_scoped_release release;
+            d.set_history(prompt_id, spans, weights);
+          },
+          py::arg("prompt_id"), py::arg("sequences"), py::arg("weights"),
+          "Replace a prompt's history (builds the new index without the GIL, then swaps it in); [] removes it.")
+      .def(
+          "add_sibling",
+          [](Drafter& d, const std::string& prompt_id, const I32Array& seq, int64_t weight) {
+            d.add_sibling(prompt_id, span_of(seq), weight);
+          },
+          py::arg("prompt_id"), py::arg("sequence"), py::arg("weight"))
+      .def("clear_siblings", &Drafter::clear_siblings)
+      .def(
+          "add_global",
+          [](Drafter& d, int64_t key, const std::vector<I32Array>& seqs, const std::vector<int64_t>& weights) {
+            if (seqs.size() != weights.size()) throw std::invalid_argument("one weight per sequence");
+            d.add_global(key, spans_of(seqs), weights);
+          },
+          py::arg("key"), py::arg("sequences"), py::arg("weights"))
+      .def("remove_global", &Drafter::remove_global, py::arg("key"))
+      .def(
+          "start",
+          [](Drafter& d, const std::string& req_id, std::optional<std::string> prompt_id,
+             const std::vector<int32_t>& tokens) {
+            d.start(req_id, prompt_id ? &*prompt_id : nullptr, {tokens.data(), static_cast<int64_t>(tokens.size())});
+          },
+          py::arg("req_id"), py::arg("prompt_id"), py::arg("prompt_tokens"))
+      .def(
+          "start_array",
+          [](Drafter& d, const std::string& req_id, std::optional<std::string> prompt_id, const I32Array& tokens) {
+            d.start(req_id, prompt_id ? &*prompt_id : nullptr, span_of(tokens));
+          },
+          py::arg("req_id"), py::arg("prompt_id"), py::arg("prompt_tokens"))
+      .def(
+          "extend",
+          [](Drafter& d, const std::string& req_id, const std::vector<int32_t>& tokens) {
+            d.extend(req_id, {tokens.data(), static_cast<int64_t>(tokens.size())});
+          },
+          py::arg("req_id"), py::arg("tokens"))
+      .def(
+          "extend_array",
+          [](Drafter& d, const std::string& req_id, const I32Array& tokens) { d.extend(req_id, span_of(tokens)); },
+          py::arg("req_id"), py::arg("tokens"))
+      .def("remove_request", &Drafter::remove_request, py::arg("req_id"))
+      .def("has_request", &Drafter::has_request, py::arg("req_id"))
+      .def(
+          "draft_batch",
+          [](Drafter& d, const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets) {
+            if (req_ids.size() != budgets.size()) throw std::invalid_argument("one budget per request");
+            std::vector<DraftOut> drafts;
+            {
+              py::gil_scoped_release release;
+              drafts = d.draft_batch(req_ids, budgets);
+            }
+            return to_python(drafts);
+          },
+          py::arg("req_ids"), py::arg("budgets"),
+          "Per request (token_ids, parents, probs, match_len, source); drafts without the GIL.")
+      .def("memory_bytes", &Drafter::memory_bytes)
+      .def("history_tokens", &Drafter::history_tokens)
+      .def("num_prompts", &Drafter::num_prompts)
+      .def("num_requests", &Drafter::num_requests)
+      .def("check_integrity", &Drafter::check_integrity,
+           "Debug: '' when every structure is consistent, else the first broken invariant.");
 }

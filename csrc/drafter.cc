@@ -1,0 +1,590 @@
+#include "drafter.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+namespace histospec {
+
+constexpr int64_t kWeightOne = 65536;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Best-first expansion (docs/drafting.md section 5), generic over how a source enumerates children.
+// A source type provides `Node` (with an int64_t `w` field) and
+//   void children(const Node& node, int64_t min_w, Emit&& emit)  -> emit(token, Node) in ascending token order,
+// where children whose weight is below min_w may be skipped (they cannot reach min_prob).
+
+struct Cand {
+  double p;
+  int64_t seq;
+  int32_t parent_sel;  // pop rank of the parent, -1 for the root
+  int32_t token;
+  int32_t node;        // index into the node store
+};
+
+struct CandLess {  // max-heap on p, ties: the smallest seq first
+  bool operator()(const Cand& a, const Cand& b) const { return a.p < b.p || (a.p == b.p && a.seq > b.seq); }
+};
+
+struct Selected {
+  int32_t token;
+  int32_t parent_sel;
+  double p;
+};
+
+int64_t min_weight_for(double min_prob, double p_parent, int64_t w_parent) {
+  if (min_prob <= 0.0) return 1;
+  const double need = min_prob / p_parent * static_cast<double>(w_parent) * (1.0 - 1e-9);
+  if (need <= 1.0) return 1;
+  if (need >= 9.0e18) return INT64_MAX;
+  return static_cast<int64_t>(need);
+}
+
+template <class Src>
+bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Config& cfg, DraftOut& out) {
+  using Node = typename Src::Node;
+  std::vector<Node> nodes;
+  std::vector<Cand> heap;
+  std::vector<Selected> sel;
+  nodes.push_back(root);
+  int64_t seq = 0;
+  auto push_children = [&](int32_t ni, double p_parent, int32_t parent_sel) {
+    const int64_t w_parent = nodes[ni].w;
+    const int64_t min_w = min_weight_for(cfg.min_prob, p_parent, w_parent);
+    src.children(nodes[ni], min_w, [&](int32_t token, Node&& child) {
+      const double q = static_cast<double>(child.w) / static_cast<double>(w_parent);
+      const double p = p_parent * q;
+      if (p < cfg.min_prob) return;
+      nodes.push_back(std::move(child));
+      heap.push_back({p, seq++, parent_sel, token, static_cast<int32_t>(nodes.size() - 1)});
+      std::push_heap(heap.begin(), heap.end(), CandLess());
+    });
+  };
+  push_children(0, 1.0, -1);
+  while (static_cast<int32_t>(sel.size()) < budget && !heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), CandLess());
+    const Cand c = heap.back();
+    heap.pop_back();
+    if (c.p < cfg.min_prob) break;
+    sel.push_back({c.token, c.parent_sel, c.p});
+    if (!cfg.tree) heap.clear();
+    if (static_cast<int32_t>(sel.size()) < budget) push_children(c.node, c.p, static_cast<int32_t>(sel.size()) - 1);
+  }
+  if (sel.empty()) return false;
+  // BFS output: children lists in pop order, traversed breadth-first from the root.
+  const int32_t k = static_cast<int32_t>(sel.size());
+  std::vector<int32_t> first_child(k + 1, -1), next_sibling(k, -1), last_child(k + 1, -1);
+  for (int32_t i = 0; i < k; ++i) {
+    const int32_t par = sel[i].parent_sel + 1;  // 0 = root
+    if (last_child[par] < 0) first_child[par] = i; else next_sibling[last_child[par]] = i;
+    last_child[par] = i;
+  }
+  std::vector<int32_t> order, out_index(k, -1);
+  order.reserve(k);
+  for (int32_t c = first_child[0]; c >= 0; c = next_sibling[c]) order.push_back(c);
+  for (size_t h = 0; h < order.size(); ++h)
+    for (int32_t c = first_child[order[h] + 1]; c >= 0; c = next_sibling[c]) order.push_back(c);
+  out.tokens.resize(k);
+  out.parents.resize(k);
+  out.probs.resize(k);
+  for (int32_t o = 0; o < k; ++o) {
+    const Selected& s = sel[order[o]];
+    out_index[order[o]] = o;
+    out.tokens[o] = s.token;
+    out.parents[o] = s.parent_sel < 0 ? -1 : out_index[s.parent_sel];
+    out.probs[o] = s.p;
+  }
+  return true;
+}
+
+// Children of suffix-array ranges of an Index.
+struct IndexSource {
+  struct Node {
+    Range r;
+    int32_t depth;  // length of the node's string
+    int64_t w;
+  };
+  const Index& x;
+  bool use_frequency;
+
+  int64_t weight(Range r) const { return use_frequency ? x.weight(r) : x.max_weight(r); }
+
+  template <class Emit>
+  void children(const Node& nd, int64_t min_w, Emit&& emit) const {
+    const int32_t d = nd.depth, hi = nd.r.hi;
+    int32_t lo = nd.r.lo;
+    if (lo < hi && x.token_at(lo, d) == SEP) lo = x.group_end(lo, hi, d);  // occurrences ending here
+    if (lo >= hi) return;
+    const int64_t total = x.wsum(hi) - x.wsum(lo);
+    if (use_frequency && min_w > 1 && total / min_w < (hi - lo) / 4) {
+      // Every child of weight >= min_w contains a weight offset k * min_w: probe only those rows.
+      int64_t offset = 0;
+      while (offset < total) {
+        const int32_t row = x.row_at_weight(lo, hi, offset);
+        const int32_t t = x.token_at(row, d);
+        const Range g = x.child({lo, row + 1}, d, t);  // start of the group (ends after row)
+        const int32_t end = x.group_end(row, hi, d);
+        const Range grp{g.lo, end};
+        const int64_t w = x.weight(grp);
+        if (w >= min_w) emit(t, Node{grp, d + 1, w});
+        const int64_t next = x.wsum(end) - x.wsum(lo);  // first offset after the group, rounded up to the grid
+        offset = (next + min_w - 1) / min_w * min_w;
+      }
+      return;
+    }
+    for (int32_t i = lo; i < hi;) {
+      const int32_t end = x.group_end(i, hi, d);
+      const Range grp{i, end};
+      const int64_t w = weight(grp);
+      if (w >= min_w) emit(x.token_at(i, d), Node{grp, d + 1, w});
+      i = end;
+    }
+  }
+};
+
+// Children for the self source: explicit occurrence end positions in the request's context.
+struct SelfSource {
+  struct Node {
+    std::vector<int32_t> ends;  // end position of each occurrence of the node's string
+    int64_t w;
+  };
+  const std::vector<int32_t>& ctx;
+  bool use_frequency;
+
+  template <class Emit>
+  void children(const Node& nd, int64_t min_w, Emit&& emit) const {
+    const int32_t n = static_cast<int32_t>(ctx.size());
+    std::vector<std::pair<int32_t, int32_t>> next;  // (token, end + 1)
+    next.reserve(nd.ends.size());
+    for (int32_t j : nd.ends)
+      if (j + 1 < n) next.emplace_back(ctx[j + 1], j + 1);
+    std::sort(next.begin(), next.end());
+    for (size_t i = 0; i < next.size();) {
+      size_t e = i;
+      while (e < next.size() && next[e].first == next[i].first) ++e;
+      const int64_t w = use_frequency ? static_cast<int64_t>(e - i) * kWeightOne : kWeightOne;
+      if (w >= min_w) {
+        Node child{{}, w};
+        child.ends.reserve(e - i);
+        for (size_t k = i; k < e; ++k) child.ends.push_back(next[k].second);
+        emit(next[i].first, std::move(child));
+      }
+      i = e;
+    }
+  }
+};
+
+double score_of(const DraftOut& d) {
+  double s = 0.0;
+  for (double p : d.probs) s += p;
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Mutations
+
+void Drafter::set_history(const std::string& prompt_id, const std::vector<Span>& seqs,
+                          const std::vector<int64_t>& weights) {
+  IndexPtr built;
+  if (!seqs.empty()) built = Index::build(seqs, weights, !cfg_.use_frequency);  // outside the lock
+  std::unique_lock lock(prompts_mu_);
+  if (built) {
+    prompts_[prompt_id].history = std::move(built);  // readers holding the old pointer keep it alive
+  } else {
+    auto it = prompts_.find(prompt_id);
+    if (it == prompts_.end()) return;
+    it->second.history.reset();
+    if (it->second.siblings.empty()) prompts_.erase(it);
+  }
+}
+
+void Drafter::add_sibling(const std::string& prompt_id, Span seq, int64_t weight) {
+  std::unique_lock lock(prompts_mu_);
+  PromptEntry& e = prompts_[prompt_id];
+  e.siblings.emplace_back(seq.data, seq.data + seq.size);
+  e.sibling_weights.push_back(weight);
+  e.siblings_dirty = true;
+}
+
+void Drafter::clear_siblings() {
+  std::unique_lock lock(prompts_mu_);
+  for (auto it = prompts_.begin(); it != prompts_.end();) {
+    PromptEntry& e = it->second;
+    e.siblings.clear();
+    e.sibling_weights.clear();
+    e.sibling_index.reset();
+    e.siblings_dirty = false;
+    if (!e.history) it = prompts_.erase(it); else ++it;
+  }
+}
+
+void Drafter::add_global(int64_t key, const std::vector<Span>& seqs, const std::vector<int64_t>& weights) {
+  std::lock_guard lock(global_mu_);
+  auto& g = global_groups_[key];
+  if (g.first.empty() && g.second.empty())
+    global_order_.push_back(key);
+  g.first.clear();
+  for (const Span& s : seqs) g.first.emplace_back(s.data, s.data + s.size);
+  g.second = weights;
+  global_dirty_ = true;
+}
+
+void Drafter::remove_global(int64_t key) {
+  std::lock_guard lock(global_mu_);
+  if (global_groups_.erase(key)) {
+    global_order_.erase(std::find(global_order_.begin(), global_order_.end(), key));
+    global_dirty_ = true;
+  }
+}
+
+IndexPtr Drafter::sibling_index(const std::string& prompt_id) {
+  {
+    std::shared_lock lock(prompts_mu_);
+    auto it = prompts_.find(prompt_id);
+    if (it == prompts_.end() || it->second.siblings.empty()) return nullptr;
+    if (!it->second.siblings_dirty) return it->second.sibling_index;
+  }
+  std::unique_lock lock(prompts_mu_);
+  auto it = prompts_.find(prompt_id);
+  if (it == prompts_.end() || it->second.siblings.empty()) return nullptr;
+  PromptEntry& e = it->second;
+  if (e.siblings_dirty) {
+    std::vector<Span> spans;
+    for (const auto& s : e.siblings) spans.push_back({s.data(), static_cast<int64_t>(s.size())});
+    e.sibling_index = Index::build(spans, e.sibling_weights, !cfg_.use_frequency);
+    e.siblings_dirty = false;
+  }
+  return e.sibling_index;
+}
+
+IndexPtr Drafter::global_index() {
+  std::lock_guard lock(global_mu_);
+  if (global_dirty_) {
+    std::vector<Span> spans;
+    std::vector<int64_t> weights;
+    for (int64_t key : global_order_) {
+      const auto& g = global_groups_.at(key);
+      for (size_t i = 0; i < g.first.size(); ++i) {
+        spans.push_back({g.first[i].data(), static_cast<int64_t>(g.first[i].size())});
+        weights.push_back(g.second[i]);
+      }
+    }
+    global_index_ = spans.empty() ? nullptr : Index::build(spans, weights, !cfg_.use_frequency);
+    global_dirty_ = false;
+  }
+  return global_index_;
+}
+
+void Drafter::start(const std::string& req_id, const std::string* prompt_id, Span prompt_tokens) {
+  auto req = std::make_shared<Request>();
+  req->has_prompt = prompt_id != nullptr;
+  if (prompt_id) req->prompt_id = *prompt_id;
+  req->ctx.assign(prompt_tokens.data, prompt_tokens.data + prompt_tokens.size);
+  if (cfg_.sources[kSelf])
+    for (int32_t i = 0; i < static_cast<int32_t>(req->ctx.size()); ++i) req->positions[req->ctx[i]].push_back(i);
+  std::unique_lock lock(requests_mu_);
+  requests_[req_id] = std::move(req);
+}
+
+std::shared_ptr<Request> Drafter::find_request(const std::string& req_id) const {
+  std::shared_lock lock(requests_mu_);
+  auto it = requests_.find(req_id);
+  if (it == requests_.end()) throw std::out_of_range(req_id);
+  return it->second;
+}
+
+bool Drafter::has_request(const std::string& req_id) const {
+  std::shared_lock lock(requests_mu_);
+  return requests_.count(req_id) > 0;
+}
+
+void Drafter::extend(const std::string& req_id, Span tokens) {
+  auto req = find_request(req_id);
+  std::lock_guard lock(req->mu);
+  for (int64_t i = 0; i < tokens.size; ++i) {
+    if (cfg_.sources[kSelf]) req->positions[tokens.data[i]].push_back(static_cast<int32_t>(req->ctx.size()));
+    req->ctx.push_back(tokens.data[i]);
+  }
+}
+
+void Drafter::remove_request(const std::string& req_id) {
+  std::unique_lock lock(requests_mu_);
+  requests_.erase(req_id);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Drafting
+
+bool Drafter::draft_from_index(const Index& index, Request& req, MatchCache& cache, int32_t budget, DraftOut& out) {
+  const std::vector<int32_t>& c = req.ctx;
+  const int64_t n = static_cast<int64_t>(c.size());
+  const int32_t cap = static_cast<int32_t>(std::min<int64_t>(cfg_.max_match, n));
+  auto find_suffix = [&](int32_t len) { return index.find(c.data() + (n - len), len); };
+
+  // 1. The longest suffix (<= cap) that occurs: advance the cached state by the new tokens when possible.
+  int32_t len = -1;
+  Range range;
+  int32_t upper = cap;  // the longest occurring suffix is at most this
+  if (cache.index_id == index.id() && cache.ctx_len <= n) {
+    len = cache.len;
+    range = cache.range;
+    for (int64_t k = cache.ctx_len; k < n; ++k) {
+      const Range next = len == 0 ? index.child(index.all(), 0, c[k]) : index.child(range, len, c[k]);
+      if (next.empty() || len + 1 > cfg_.max_match) {
+        upper = static_cast<int32_t>(std::min<int64_t>(cap, len + (n - k - (next.empty() ? 1 : 0))));
+        len = -1;
+        break;
+      }
+      range = next;
+      ++len;
+    }
+  }
+  if (len < 0) {
+    // Occurrence is monotone in the length: binary search the largest occurring length in [0, upper].
+    int32_t lo = 0, hi = upper;
+    Range lo_range = index.all();
+    const Range top = find_suffix(hi);
+    if (!top.empty()) {
+      lo = hi;
+      lo_range = top;
+    } else {
+      --hi;
+      while (lo < hi) {
+        const int32_t mid = lo + (hi - lo + 1) / 2;
+        const Range r = find_suffix(mid);
+        if (r.empty()) {
+          hi = mid - 1;
+        } else {
+          lo = mid;
+          lo_range = r;
+        }
+      }
+    }
+    len = lo;
+    range = lo_range;
+  }
+  cache = {index.id(), n, len, range};
+
+  // 2. Back off from the longest match to min_match until an expansion is non-empty.
+  IndexSource src{index, cfg_.use_frequency};
+  for (int32_t l = std::min(len, cap); l >= cfg_.min_match; --l) {
+    const Range r = l == len ? range : find_suffix(l);
+    const int64_t w = src.weight(r);
+    if (w <= 0) continue;
+    if (expand(src, IndexSource::Node{r, l, w}, budget, cfg_, out)) {
+      out.match_len = l;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Drafter::draft_from_self(const Request& req, int32_t budget, DraftOut& out) {
+  const std::vector<int32_t>& c = req.ctx;
+  const int32_t n = static_cast<int32_t>(c.size());
+  if (n == 0) return false;
+  const int32_t cap = std::min(cfg_.max_match, n);
+  // Earlier occurrences of the last token, with the length of their common suffix with the context.
+  std::vector<std::pair<int32_t, int32_t>> cands;  // (common suffix length capped at cap, end position)
+  auto it = req.positions.find(c[n - 1]);
+  if (it != req.positions.end()) {
+    for (int32_t j : it->second) {
+      if (j >= n - 1) break;
+      int32_t l = 1;
+      while (l < cap && l <= j && c[j - l] == c[n - 1 - l]) ++l;
+      cands.emplace_back(l, j);
+    }
+  }
+  std::sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  SelfSource src{c, cfg_.use_frequency};
+  // The occurrence set only changes at the distinct common-suffix lengths: try them longest first.
+  // Lengths above every candidate's have no occurrence; for min_match == 0 the empty pattern occurs n times.
+  size_t taken = 0;
+  std::vector<int32_t> ends;
+  for (int32_t l = cap; l >= std::max(cfg_.min_match, 1); --l) {
+    while (taken < cands.size() && cands[taken].first >= l) ends.push_back(cands[taken++].second);
+    if (ends.empty()) {
+      if (taken == cands.size()) break;
+      l = cands[taken].first + 1;  // jump to the next candidate length
+      continue;
+    }
+    const int64_t w = cfg_.use_frequency ? static_cast<int64_t>(ends.size()) * kWeightOne : kWeightOne;
+    std::vector<int32_t> sorted_ends = ends;
+    std::sort(sorted_ends.begin(), sorted_ends.end());
+    if (expand(src, SelfSource::Node{std::move(sorted_ends), w}, budget, cfg_, out)) {
+      out.match_len = l;
+      return true;
+    }
+    // The same set fails for every length down to the next candidate length.
+    if (taken < cands.size()) l = cands[taken].first + 1; else break;
+  }
+  if (cfg_.min_match == 0) {
+    // Empty pattern: every position except the end is an occurrence (positions -1 .. n-2 as ends).
+    std::vector<int32_t> all_ends;
+    for (int32_t j = -1; j < n - 1; ++j) all_ends.push_back(j);
+    const int64_t w = cfg_.use_frequency ? static_cast<int64_t>(all_ends.size()) * kWeightOne : kWeightOne;
+    if (expand(src, SelfSource::Node{std::move(all_ends), w}, budget, cfg_, out)) {
+      out.match_len = 0;
+      return true;
+    }
+  }
+  return false;
+}
+
+void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
+  out = DraftOut();
+  if (budget <= 0) return;
+  IndexPtr indexes[kNumSources];
+  if (req.has_prompt && (cfg_.sources[kHistory] || cfg_.sources[kSiblings])) {
+    if (cfg_.sources[kHistory]) {
+      std::shared_lock lock(prompts_mu_);
+      auto it = prompts_.find(req.prompt_id);
+      if (it != prompts_.end()) indexes[kHistory] = it->second.history;
+    }
+    if (cfg_.sources[kSiblings]) indexes[kSiblings] = sibling_index(req.prompt_id);
+  }
+  if (cfg_.sources[kGlobal]) indexes[kGlobal] = global_index();
+  double best_score = -1.0;
+  for (int32_t s = 0; s < kNumSources; ++s) {
+    if (!cfg_.sources[s]) continue;
+    DraftOut cand;
+    bool ok;
+    if (s == kSelf) {
+      ok = draft_from_self(req, budget, cand);
+    } else {
+      if (!indexes[s]) continue;
+      ok = draft_from_index(*indexes[s], req, req.cache[s], budget, cand);
+    }
+    if (!ok) continue;
+    cand.source = s;
+    const double score = score_of(cand);
+    if (score > best_score || (score == best_score && cand.match_len > out.match_len)) {
+      best_score = score;
+      out = std::move(cand);
+    }
+  }
+}
+
+std::vector<DraftOut> Drafter::draft_batch(const std::vector<std::string>& req_ids,
+                                           const std::vector<int32_t>& budgets) {
+  std::vector<std::shared_ptr<Request>> reqs;
+  reqs.reserve(req_ids.size());
+  for (const auto& id : req_ids) reqs.push_back(find_request(id));
+  std::vector<DraftOut> out(req_ids.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::lock_guard lock(reqs[i]->mu);
+    draft_one(*reqs[i], budgets[i], out[i]);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Introspection
+
+size_t Drafter::memory_bytes() const {
+  size_t total = sizeof(Drafter);
+  {
+    std::shared_lock lock(prompts_mu_);
+    for (const auto& [id, e] : prompts_) {
+      total += id.capacity() + sizeof(PromptEntry);
+      if (e.history) total += e.history->memory_bytes();
+      if (e.sibling_index) total += e.sibling_index->memory_bytes();
+      for (const auto& s : e.siblings) total += s.capacity() * sizeof(int32_t);
+    }
+  }
+  {
+    std::shared_lock lock(requests_mu_);
+    for (const auto& [id, r] : requests_) {
+      std::lock_guard rl(r->mu);
+      total += id.capacity() + sizeof(Request) + r->ctx.capacity() * sizeof(int32_t);
+      for (const auto& [t, v] : r->positions) total += sizeof(t) + v.capacity() * sizeof(int32_t) + 16;
+    }
+  }
+  {
+    std::lock_guard lock(global_mu_);
+    if (global_index_) total += global_index_->memory_bytes();
+    for (const auto& [k, g] : global_groups_)
+      for (const auto& s : g.first) total += s.capacity() * sizeof(int32_t);
+  }
+  return total;
+}
+
+int64_t Drafter::history_tokens() const {
+  std::shared_lock lock(prompts_mu_);
+  int64_t total = 0;
+  for (const auto& [id, e] : prompts_)
+    if (e.history) total += e.history->num_tokens();
+  return total;
+}
+
+int64_t Drafter::num_prompts() const {
+  std::shared_lock lock(prompts_mu_);
+  int64_t total = 0;
+  for (const auto& [id, e] : prompts_) total += e.history ? 1 : 0;
+  return total;
+}
+
+int64_t Drafter::num_requests() const {
+  std::shared_lock lock(requests_mu_);
+  return static_cast<int64_t>(requests_.size());
+}
+
+std::string Drafter::check_integrity() const {
+  std::ostringstream err;
+  {
+    std::shared_lock lock(prompts_mu_);
+    for (const auto& [id, e] : prompts_) {
+      if (!e.history && e.siblings.empty()) return "prompt " + id + " has neither history nor siblings";
+      if (e.siblings.size() != e.sibling_weights.size()) return "prompt " + id + ": sibling weights mismatch";
+      if (e.history) {
+        const std::string h = e.history->check_integrity();
+        if (!h.empty()) return "history of " + id + ": " + h;
+      }
+      if (e.sibling_index && !e.siblings_dirty) {
+        const std::string h = e.sibling_index->check_integrity();
+        if (!h.empty()) return "siblings of " + id + ": " + h;
+        if (e.sibling_index->num_seqs() != static_cast<int32_t>(e.siblings.size()))
+          return "siblings of " + id + ": index is stale but not marked dirty";
+      }
+    }
+  }
+  {
+    std::shared_lock lock(requests_mu_);
+    for (const auto& [id, r] : requests_) {
+      std::lock_guard rl(r->mu);
+      if (cfg_.sources[kSelf]) {
+        size_t count = 0;
+        for (const auto& [t, v] : r->positions) {
+          for (size_t i = 0; i < v.size(); ++i) {
+            if (v[i] < 0 || v[i] >= static_cast<int32_t>(r->ctx.size()) || r->ctx[v[i]] != t)
+              return "request " + id + ": position list of token " + std::to_string(t) + " is wrong";
+            if (i > 0 && v[i] <= v[i - 1]) return "request " + id + ": position list not increasing";
+          }
+          count += v.size();
+        }
+        if (count != r->ctx.size()) return "request " + id + ": positions do not cover the context";
+      }
+      for (const MatchCache& mc : r->cache) {
+        if (mc.index_id == 0) continue;
+        if (mc.len < 0 || mc.len > cfg_.max_match || mc.ctx_len > static_cast<int64_t>(r->ctx.size()) ||
+            mc.len > mc.ctx_len || mc.range.empty())
+          return "request " + id + ": match cache out of bounds";
+      }
+    }
+  }
+  {
+    std::lock_guard lock(global_mu_);
+    if (global_order_.size() != global_groups_.size()) return "global order and groups disagree";
+    if (global_index_ && !global_dirty_) {
+      const std::string h = global_index_->check_integrity();
+      if (!h.empty()) return "global index: " + h;
+    }
+  }
+  return "";
+}
+
+}  // namespace histospec

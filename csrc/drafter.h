@@ -1,0 +1,105 @@
+// The native drafting backend: per-prompt history indexes, sibling and global indexes, per-request contexts with
+// incremental match state, and best-first tree expansion. Semantics: docs/drafting.md (sections 1, 3-6, 9).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "index.h"
+
+namespace histospec {
+
+enum SourceId : int32_t { kHistory = 0, kSiblings = 1, kSelf = 2, kGlobal = 3, kNumSources = 4 };
+
+struct Config {
+  int32_t min_match = 1;
+  int32_t max_match = 32;
+  bool tree = true;
+  double min_prob = 0.1;
+  bool use_frequency = true;
+  std::array<bool, kNumSources> sources{true, true, true, true};
+};
+
+struct DraftOut {
+  std::vector<int32_t> tokens;   // [k]
+  std::vector<int32_t> parents;  // [k] output index of the parent, -1 for children of the root
+  std::vector<double> probs;     // [k] path probability
+  int32_t match_len = 0;
+  int32_t source = -1;           // SourceId of the winner, -1 when empty
+};
+
+// Longest suffix of a request's context that occurs in one index, advanced by appended tokens.
+struct MatchCache {
+  uint64_t index_id = 0;  // 0 = invalid
+  int64_t ctx_len = 0;    // context length the state refers to
+  int32_t len = 0;        // longest occurring suffix length, capped at max_match
+  Range range;            // its rows
+};
+
+struct Request {
+  std::mutex mu;
+  std::string prompt_id;
+  bool has_prompt = false;
+  std::vector<int32_t> ctx;                                        // prompt tokens + generated
+  std::unordered_map<int32_t, std::vector<int32_t>> positions;     // token -> positions in ctx (self source)
+  std::array<MatchCache, kNumSources> cache{};
+};
+
+struct PromptEntry {
+  IndexPtr history;                               // null = no history
+  std::vector<std::vector<int32_t>> siblings;     // sequences finished in the open step
+  std::vector<int64_t> sibling_weights;
+  IndexPtr sibling_index;                         // built lazily from `siblings`
+  bool siblings_dirty = false;
+};
+
+class Drafter {
+ public:
+  explicit Drafter(const Config& cfg) : cfg_(cfg) {}
+
+  void set_history(const std::string& prompt_id, const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
+  void add_sibling(const std::string& prompt_id, Span seq, int64_t weight);
+  void clear_siblings();
+  void add_global(int64_t key, const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
+  void remove_global(int64_t key);
+
+  void start(const std::string& req_id, const std::string* prompt_id, Span prompt_tokens);
+  void extend(const std::string& req_id, Span tokens);
+  void remove_request(const std::string& req_id);
+  bool has_request(const std::string& req_id) const;
+  // One draft per request; call without the GIL. Unknown request ids raise std::out_of_range.
+  std::vector<DraftOut> draft_batch(const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets);
+
+  size_t memory_bytes() const;
+  int64_t history_tokens() const;
+  int64_t num_prompts() const;
+  int64_t num_requests() const;
+  std::string check_integrity() const;
+
+ private:
+  std::shared_ptr<Request> find_request(const std::string& req_id) const;
+  IndexPtr sibling_index(const std::string& prompt_id);
+  IndexPtr global_index();
+  void draft_one(Request& req, int32_t budget, DraftOut& out);
+  bool draft_from_index(const Index& index, Request& req, MatchCache& cache, int32_t budget, DraftOut& out);
+  bool draft_from_self(const Request& req, int32_t budget, DraftOut& out);
+
+  Config cfg_;
+  mutable std::shared_mutex prompts_mu_;  // guards prompts_ (the map and each entry's fields)
+  std::unordered_map<std::string, PromptEntry> prompts_;
+  mutable std::shared_mutex requests_mu_;
+  std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
+  mutable std::mutex global_mu_;  // guards the global groups and the lazily rebuilt global index
+  std::unordered_map<int64_t, std::pair<std::vector<std::vector<int32_t>>, std::vector<int64_t>>> global_groups_;
+  std::vector<int64_t> global_order_;  // keys in insertion order (deterministic index layout)
+  IndexPtr global_index_;
+  bool global_dirty_ = false;
+};
+
+}  // namespace histospec

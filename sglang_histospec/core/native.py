@@ -1,0 +1,107 @@
+"""Native (C++17) backend of the history index: same interface and drafts as ``ReferenceIndex``.
+
+Each prompt's history is a suffix array with prefix sums of integer weights (16 bytes per history token), built
+by SA-IS in linear time on ``set_history`` without the GIL and swapped in under a lock; drafting requests hold a
+reference to the structure they read, so a concurrent replacement never frees it under them. Every request keeps
+its longest-match state per source and advances it by the tokens passed to ``extend``; ``draft_batch`` drafts
+the whole batch without the GIL. Semantics: ``docs/drafting.md``; sources: ``csrc/``.
+
+Importing this module raises ImportError when the extension was not built (the facade then falls back to the
+Python reference).
+
+Example (one history response ``[7, 1, 2, 3]`` whose first token ``7`` is the prompt tail)::
+
+    idx = NativeIndex(min_match=1, max_match=8, tree=True, min_prob=0.1, use_frequency=True,
+                      sources=("history",))
+    idx.set_history("p", [np.array([7, 1, 2, 3], dtype=np.int32)], [WEIGHT_ONE])
+    idx.start("r", "p", [5, 7])
+    idx.draft_batch(["r"], [2])  # -> [([1, 2], [-1, 0], [1.0, 1.0], 1, "history")]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sglang_histospec.core import _native
+from sglang_histospec.core.reference import SOURCES, DraftTuple
+
+if getattr(_native, "ABI_VERSION", 0) < 2:  # a stale build of the skeleton: rebuild with `make install`
+    raise ImportError(f"sglang_histospec.core._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)})")
+
+
+def _as_i32(seq) -> np.ndarray:  # [n] int32, C-contiguous (no copy when it already is)
+    return np.ascontiguousarray(seq, dtype=np.int32)
+
+
+class NativeIndex:
+    """Native backend; same interface as ``ReferenceIndex`` (``docs/drafting.md`` section 9)."""
+
+    def __init__(
+        self,
+        *,
+        min_match: int,
+        max_match: int,
+        tree: bool,
+        min_prob: float,
+        use_frequency: bool,
+        sources: tuple[str, ...],
+    ) -> None:
+        self.sources = tuple(s for s in SOURCES if s in sources)
+        self._impl = _native.Drafter(
+            min_match=int(min_match),
+            max_match=int(max_match),
+            tree=bool(tree),
+            min_prob=float(min_prob),
+            use_frequency=bool(use_frequency),
+            sources=list(self.sources),
+        )
+
+    # ---- sources -------------------------------------------------------------------------------------------
+    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
+        self._impl.set_history(prompt_id, [_as_i32(s) for s in sequences], [int(w) for w in weights])
+
+    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
+        self._impl.add_sibling(prompt_id, _as_i32(sequence), int(weight))
+
+    def clear_siblings(self) -> None:
+        self._impl.clear_siblings()
+
+    def add_global(self, key: int, sequences, weights: list[int]) -> None:
+        self._impl.add_global(int(key), [_as_i32(s) for s in sequences], [int(w) for w in weights])
+
+    def remove_global(self, key: int) -> None:
+        self._impl.remove_global(int(key))
+
+    # ---- requests ------------------------------------------------------------------------------------------
+    def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
+        if isinstance(prompt_tokens, np.ndarray):
+            self._impl.start_array(req_id, prompt_id, _as_i32(prompt_tokens))
+        else:
+            self._impl.start(req_id, prompt_id, prompt_tokens)
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        if isinstance(tokens, np.ndarray):
+            self._impl.extend_array(req_id, _as_i32(tokens))
+        else:
+            self._impl.extend(req_id, tokens)
+
+    def remove_request(self, req_id: str) -> None:
+        self._impl.remove_request(req_id)
+
+    def has_request(self, req_id: str) -> bool:
+        return self._impl.has_request(req_id)
+
+    def draft_batch(self, req_ids: list[str], budgets: list[int]) -> list[DraftTuple]:
+        return self._impl.draft_batch(req_ids, budgets)
+
+    # ---- accounting and checks ------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        return int(self._impl.memory_bytes())
+
+    def history_tokens(self) -> int:
+        return int(self._impl.history_tokens())
+
+    def check_integrity(self) -> str | None:
+        """Debug: walks every structure (suffix order, weights, caches); None when all invariants hold."""
+        problem = self._impl.check_integrity()
+        return problem or None
