@@ -1,0 +1,296 @@
+"""Pure-Python reference backend of the history index: simple, obviously correct, slow.
+
+It implements the backend interface and the exact semantics of ``docs/drafting.md`` (sections 3-6 and 9); the
+native index must return the same drafts bit for bit. The facade (``drafter.py``) does validation, steps,
+weights, LRU and snapshots; this class only stores weighted token sequences and drafts from them.
+
+Example (one history response ``[7, 1, 2, 3]`` whose first token ``7`` is the prompt tail)::
+
+    idx = ReferenceIndex(min_match=1, max_match=8, tree=True, min_prob=0.1, use_frequency=True,
+                         sources=("history",))
+    idx.set_history("p", [np.array([7, 1, 2, 3], dtype=np.int32)], [WEIGHT_ONE])
+    idx.start("r", "p", [5, 7])
+    idx.draft_batch(["r"], [2])  # -> [([1, 2], [-1, 0], [1.0, 1.0], 1, "history")]
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sglang_histospec.core.types import ROOT
+
+WEIGHT_ONE = 65536
+"""Integer weight of one response at age 0 without reward bonus (``docs/drafting.md`` section 1)."""
+MAX_BUDGET = 1024
+"""Largest accepted draft budget (nodes per draft)."""
+SOURCES = ("history", "siblings", "self", "global")
+"""All draft sources, in tie-breaking priority order."""
+
+DraftTuple = tuple[list[int], list[int], list[float], int, str]
+"""(token_ids, parents, probs, match_len, source) as returned by ``draft_batch``."""
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """Immutable weighted sequences plus an index token -> positions; swapped in whole, never mutated."""
+
+    seqs: tuple[tuple[int, ...], ...]
+    weights: tuple[int, ...]
+    by_token: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # token -> [(seq index, position)]
+
+    @classmethod
+    def build(cls, seqs, weights) -> _Corpus:
+        tseqs = tuple(tuple(int(t) for t in s) for s in seqs)
+        by_token: dict[int, list[tuple[int, int]]] = {}
+        for si, s in enumerate(tseqs):
+            for k, t in enumerate(s):
+                by_token.setdefault(t, []).append((si, k))
+        return cls(tseqs, tuple(int(w) for w in weights), by_token)
+
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.seqs)
+
+
+@dataclass
+class _Request:
+    prompt_id: str | None
+    context: list[int]  # [n] prompt tokens + generated tokens
+
+
+# An occurrence: (sequence, index of the token after the matched string, weight).
+_Occ = tuple[tuple[int, ...], int, int]
+
+
+class ReferenceIndex:
+    """Reference backend; same interface as ``NativeIndex`` (``docs/drafting.md`` section 9)."""
+
+    def __init__(
+        self,
+        *,
+        min_match: int,
+        max_match: int,
+        tree: bool,
+        min_prob: float,
+        use_frequency: bool,
+        sources: tuple[str, ...],
+    ) -> None:
+        self.min_match = min_match
+        self.max_match = max_match
+        self.tree = tree
+        self.min_prob = min_prob
+        self.use_frequency = use_frequency
+        self.sources = tuple(s for s in SOURCES if s in sources)
+        self._lock = threading.Lock()
+        self._history: dict[str, _Corpus] = {}
+        self._siblings: dict[str, tuple[_Corpus, ...]] = {}
+        self._global: dict[int, _Corpus] = {}
+        self._requests: dict[str, _Request] = {}
+
+    # ---- sources -------------------------------------------------------------------------------------------
+    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
+        corpus = _Corpus.build(sequences, weights)  # built outside the lock, then swapped in
+        with self._lock:
+            if corpus.seqs:
+                self._history[prompt_id] = corpus
+            else:
+                self._history.pop(prompt_id, None)
+
+    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
+        corpus = _Corpus.build([sequence], [weight])
+        with self._lock:
+            self._siblings[prompt_id] = self._siblings.get(prompt_id, ()) + (corpus,)
+
+    def clear_siblings(self) -> None:
+        with self._lock:
+            self._siblings = {}
+
+    def add_global(self, key: int, sequences, weights: list[int]) -> None:
+        corpus = _Corpus.build(sequences, weights)
+        with self._lock:
+            self._global[key] = corpus
+
+    def remove_global(self, key: int) -> None:
+        with self._lock:
+            self._global.pop(key, None)
+
+    # ---- requests ------------------------------------------------------------------------------------------
+    def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
+        with self._lock:
+            self._requests[req_id] = _Request(prompt_id, [int(t) for t in prompt_tokens])
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        self._requests[req_id].context.extend(int(t) for t in tokens)
+
+    def remove_request(self, req_id: str) -> None:
+        with self._lock:
+            self._requests.pop(req_id, None)
+
+    def has_request(self, req_id: str) -> bool:
+        return req_id in self._requests
+
+    def draft_batch(self, req_ids: list[str], budgets: list[int]) -> list[DraftTuple]:
+        return [self._draft(r, b) for r, b in zip(req_ids, budgets)]
+
+    # ---- drafting (docs/drafting.md sections 3-6) ------------------------------------------------------------
+    def _draft(self, req_id: str, budget: int) -> DraftTuple:
+        req = self._requests[req_id]
+        empty: DraftTuple = ([], [], [], 0, "")
+        if budget <= 0:
+            return empty
+        with self._lock:  # grab references to the current immutable corpora
+            per_source: dict[str, tuple[_Corpus, ...]] = {
+                "history": (self._history[req.prompt_id],) if req.prompt_id in self._history else (),
+                "siblings": self._siblings.get(req.prompt_id, ()) if req.prompt_id is not None else (),
+                "global": tuple(self._global.values()),
+            }
+            context = tuple(req.context)
+        best: DraftTuple = empty
+        best_score = 0.0
+        for name in self.sources:
+            if name == "self":
+                cand = self._draft_source(context, None, budget)
+            else:
+                if not per_source[name]:
+                    continue
+                cand = self._draft_source(context, per_source[name], budget)
+            if not cand[0]:
+                continue
+            score = 0.0
+            for p in cand[2]:
+                score += p
+            # strictly better score, or equal score with a longer match; earlier sources win remaining ties
+            if not best[0] or score > best_score or (score == best_score and cand[3] > best[3]):
+                best = (cand[0], cand[1], cand[2], cand[3], name)
+                best_score = score
+        return best
+
+    def _draft_source(self, context: tuple[int, ...], corpora, budget: int) -> DraftTuple:
+        n = len(context)
+        if corpora is None:  # the request's own context; the occurrence at its very end is excluded
+            corpora = (_Corpus.build([context], [WEIGHT_ONE]),)
+            exclude_end = True
+        else:
+            exclude_end = False
+        for length in range(min(self.max_match, n), self.min_match - 1, -1):
+            pattern = context[n - length :]
+            occ = self._occurrences(corpora, pattern)
+            if exclude_end:
+                occ = [o for o in occ if o[1] != n]
+            if not occ:
+                continue
+            tokens, parents, probs = self._expand(occ, budget)
+            if tokens:
+                return tokens, parents, probs, length, ""
+        return [], [], [], 0, ""
+
+    @staticmethod
+    def _occurrences(corpora, pattern: tuple[int, ...]) -> list[_Occ]:
+        length = len(pattern)
+        out: list[_Occ] = []
+        for corpus in corpora:
+            for si, k in corpus.by_token.get(pattern[-1], ()):
+                start = k - length + 1
+                seq = corpus.seqs[si]
+                if start >= 0 and seq[start : k + 1] == pattern:
+                    out.append((seq, k + 1, corpus.weights[si]))
+        return out
+
+    def _count(self, occ: list[_Occ]) -> int:
+        if self.use_frequency:
+            return sum(w for _, _, w in occ)
+        return max(w for _, _, w in occ)
+
+    def _children(self, occ: list[_Occ]) -> list[tuple[int, list[_Occ]]]:
+        """Children in ascending token id, each with its occurrences advanced by one token."""
+        groups: dict[int, list[_Occ]] = {}
+        for seq, j, w in occ:
+            if j < len(seq):
+                groups.setdefault(seq[j], []).append((seq, j + 1, w))
+        return sorted(groups.items())
+
+    def _expand(self, root_occ: list[_Occ], budget: int) -> tuple[list[int], list[int], list[float]]:
+        # node record: [token, parent node index or ROOT, p, depth, occurrences]
+        nodes: list[tuple[int, int, float, int, list[_Occ]]] = []
+        heap: list[tuple[float, int, int]] = []  # (-p, seq counter, node index)
+        counter = 0
+
+        def push_children(parent: int, parent_p: float, parent_depth: int, occ: list[_Occ]) -> None:
+            nonlocal counter
+            parent_w = float(self._count(occ))
+            for token, child_occ in self._children(occ):
+                q = float(self._count(child_occ)) / parent_w
+                p = parent_p * q
+                nodes.append((token, parent, p, parent_depth + 1, child_occ))
+                heapq.heappush(heap, (-p, counter, len(nodes) - 1))
+                counter += 1
+
+        push_children(ROOT, 1.0, 0, root_occ)
+        selected: list[int] = []  # node indices in pop order
+        pop_rank: dict[int, int] = {}
+        while heap and len(selected) < budget:
+            neg_p, _, node = heapq.heappop(heap)
+            if -neg_p < self.min_prob:
+                break
+            pop_rank[node] = len(selected)
+            selected.append(node)
+            if not self.tree:
+                heap.clear()
+            token, _, p, depth, occ = nodes[node]
+            push_children(node, p, depth, occ)
+        # BFS output: by depth, then parent's output index, then pop rank
+        out_index: dict[int, int] = {}
+        order: list[int] = []
+        by_depth: dict[int, list[int]] = {}
+        for node in selected:
+            by_depth.setdefault(nodes[node][3], []).append(node)
+        for depth in sorted(by_depth):
+            level = sorted(
+                by_depth[depth],
+                key=lambda v: (out_index[nodes[v][1]] if nodes[v][1] != ROOT else ROOT, pop_rank[v]),
+            )
+            for v in level:
+                out_index[v] = len(order)
+                order.append(v)
+        tokens = [nodes[v][0] for v in order]
+        parents = [out_index[nodes[v][1]] if nodes[v][1] != ROOT else ROOT for v in order]
+        probs = [nodes[v][2] for v in order]
+        return tokens, parents, probs
+
+    # ---- accounting and checks ------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """Rough size of the stored structures: 4 bytes per token plus 16 per index entry (Python overhead not counted)."""
+        with self._lock:
+            corpora = list(self._history.values()) + list(self._global.values())
+            corpora += [c for group in self._siblings.values() for c in group]
+            ctx = sum(len(r.context) for r in self._requests.values())
+        return sum(20 * c.num_tokens() + 8 * len(c.seqs) for c in corpora) + 4 * ctx
+
+    def check_integrity(self) -> str | None:
+        with self._lock:
+            named = [(f"history[{k}]", c) for k, c in self._history.items()]
+            named += [(f"global[{k}]", c) for k, c in self._global.items()]
+            named += [(f"siblings[{k}]", c) for k, g in self._siblings.items() for c in g]
+            requests = dict(self._requests)
+        for name, c in named:
+            if len(c.seqs) != len(c.weights):
+                return f"{name}: {len(c.seqs)} sequences but {len(c.weights)} weights"
+            if any(w < 1 for w in c.weights):
+                return f"{name}: weight < 1"
+            if sum(len(v) for v in c.by_token.values()) != c.num_tokens():
+                return f"{name}: index holds a different number of positions than tokens"
+            for t, positions in c.by_token.items():
+                if any(c.seqs[si][k] != t for si, k in positions):
+                    return f"{name}: index entry for token {t} points at another token"
+        for rid, r in requests.items():
+            if any(not (0 <= t < 2**31) for t in r.context):
+                return f"request {rid}: token out of range"
+        return None
+
+
+def sequences_to_arrays(seqs) -> list[np.ndarray]:
+    """Convert token lists to the backend's sequence type (1-D C-contiguous int32 arrays)."""
+    return [np.ascontiguousarray(np.asarray(s, dtype=np.int32)) for s in seqs]
