@@ -46,6 +46,9 @@ class NativeIndex:
         use_frequency: bool,
         sources: tuple[str, ...],
     ) -> None:
+        unknown = [s for s in sources if s not in SOURCES]
+        if unknown:
+            raise ValueError(f"unknown source {unknown[0]!r}: expected a subset of {SOURCES}")
         self.sources = tuple(s for s in SOURCES if s in sources)
         self._impl = _native.Drafter(
             min_match=int(min_match),
