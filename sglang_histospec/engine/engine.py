@@ -4,10 +4,11 @@ Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it 
 ``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the drafter
 methods (``engine.drafter.add(...)``, ``engine.drafter.end_step(...)``); other threads hand work to it through a queue.
 
-Life of a request: ``add_request`` queues it; each ``step()`` admits queued requests (prefill, up to
-``max_running_requests``), then runs ONE verify forward for every running request (its draft tree, or just its
-last token with ``speculative_algorithm="NONE"``) and returns the requests that finished in this step (including
-aborted ones). ``generate`` is the blocking convenience loop over ``add_request`` + ``step``.
+Life of a request: ``add_request`` queues it; each ``step()`` admits queued requests (their prompt minus its last
+token is prefilled, up to ``max_running_requests`` running), then runs ONE verify forward for every running
+request (its last token as the root plus its draft tree, or just the root with ``speculative_algorithm="NONE"``)
+and returns the requests that finished in this step (aborted ones included). ``generate`` is the blocking
+convenience loop over ``add_request`` + ``step``.
 
 Example::
 
@@ -21,56 +22,527 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from sglang_histospec.core import ROOT, Draft
+from sglang_histospec.engine.model import TreeForward, check_architecture
+from sglang_histospec.engine.sampling import process_logits, verify_tree
 from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult
+
+
+@dataclass(slots=True)
+class _Req:
+    req: GenerateRequest
+    rng: np.random.Generator
+    tokens: list[int]  # prompt + output; the last one is the root of the next verify step (its KV not cached)
+    stop_ids: frozenset[int]
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    kv_len: int = 0  # tokens[:kv_len] have their K/V in the cache slot
+    verify_ct: int = 0
+    draft_ct: int = 0
+    accept_ct: int = 0
+    finish: dict | None = None
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but CUDA is not available; use device='cpu' or 'auto'")
+    return torch.device(name)
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _ancestor_mask(parents: list[int]) -> np.ndarray:
+    """``m[i, j]`` = j is an ancestor of i or j == i (parents[0] = -1, parents[i] < i). Shape ``[n, n]`` bool."""
+    n = len(parents)
+    m = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        if parents[i] >= 0:
+            m[i] = m[parents[i]]
+        m[i, i] = True
+    return m
+
+
+def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], list[int]]:
+    """Keep at most ``budget`` nodes whose token is in the vocabulary and whose parent was kept.
+
+    Returns (tokens, parents) of the packed tree: node 0 = root (token filled in by the caller), draft node i ->
+    node i + 1, parent ROOT -> 0.
+    """
+    tokens, parents = [0], [-1]
+    remap: dict[int, int] = {ROOT: 0}
+    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+        if len(tokens) > budget:
+            break
+        if par not in remap or not 0 <= tok < vocab_size:
+            continue
+        remap[i] = len(tokens)
+        tokens.append(int(tok))
+        parents.append(remap[par])
+    return tokens, parents
 
 
 class Engine:
     """Batched generation for one Hugging Face causal LM (Llama, Qwen2, Qwen3) with HistoSpec drafting.
 
     Attributes: ``config`` (EngineConfig), ``drafter`` (core HistoSpecDrafter; history survives weight updates and
-    cache flushes), ``tokenizer`` (the model directory's tokenizer, or None when it has none), ``vocab_size``,
-    ``max_context_len``, ``eos_token_ids``, ``device`` (str), ``model_path`` (the current weights' directory),
-    ``weight_version`` (str | None).
+    cache flushes), ``budgets`` (core BudgetController), ``tokenizer`` (the model directory's tokenizer, or None),
+    ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device), ``model_path`` (the current
+    weights' directory), ``weight_version`` (str | None), ``model`` (the HF model holding the weights).
+
+    ``drafter`` / ``budgets`` may be passed in (any objects with the core API: ``start, extend, draft_batch,
+    finish, abort`` and ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
-        raise NotImplementedError("in progress (helper engine)")
+    def __init__(self, config: EngineConfig, drafter=None, budgets=None) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        if not isinstance(config, EngineConfig):
+            raise ValueError(f"config is a {type(config).__name__}; pass an EngineConfig")
+        if not os.path.isdir(config.model_path):
+            raise ValueError(f"model_path={config.model_path!r} is not a directory")
+        self.config = config
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, self.device)
+        hf_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
+        check_architecture(hf_config)
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model_path, dtype=self.dtype, trust_remote_code=config.trust_remote_code
+        )
+        self.model = model.to(self.device).eval()
+        self._fwd = TreeForward(self.model)
+        self.model_path = config.model_path
+        self.weight_version: str | None = None
+        self.vocab_size = int(hf_config.vocab_size)
+        max_pos = getattr(hf_config, "max_position_embeddings", None) or 2048
+        self.max_context_len = int(config.max_context_len or max_pos)
+        self.eos_token_ids = self._eos_ids(model)
+        self.tokenizer = self._load_tokenizer(config.model_path)
+        if drafter is None or budgets is None:
+            from sglang_histospec.core import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
+
+            drafter = drafter if drafter is not None else HistoSpecDrafter(config.drafter or DrafterConfig())
+            budgets = budgets if budgets is not None else BudgetController(config.budget or BudgetConfig())
+        self.drafter = drafter
+        self.budgets = budgets
+        self._speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
+        self._cache = self._fwd.new_cache(
+            config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
+        )
+        self._waiting: collections.deque[GenerateRequest] = collections.deque()
+        self._running: list[_Req] = []
+        self._done: list[GenerateResult] = []  # finished outside step() (aborts of queued requests, generate())
+        self._rids: set[str] = set()
+        self._counter = 0
+        self._stats = collections.Counter()
+        self._started = time.time()
+
+    # ------------------------------------------------------------------ public API
     def add_request(self, request: GenerateRequest) -> None:
         """Queue a request. Raises ValueError for a duplicate rid, a token id >= vocab_size, or a prompt with
         ``len(input_ids) + max_new_tokens > max_context_len`` (the message names the field)."""
-        raise NotImplementedError
-
-    def step(self) -> list[GenerateResult]:
-        """Admit queued requests and run one verify step; return the requests that finished in it."""
-        raise NotImplementedError
+        if not isinstance(request, GenerateRequest):
+            raise ValueError(f"request is a {type(request).__name__}; pass a GenerateRequest")
+        if request.rid in self._rids:
+            raise ValueError(f"rid={request.rid!r} is already queued or running; use a unique rid")
+        bad = next((t for t in request.input_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"input_ids contains {bad}, outside the vocabulary [0, {self.vocab_size})")
+        bad = next((t for t in request.sampling.stop_token_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids contains {bad}, outside the vocabulary [0, {self.vocab_size})")
+        total = len(request.input_ids) + request.sampling.max_new_tokens
+        if total > self.max_context_len:
+            raise ValueError(
+                f"len(input_ids) + max_new_tokens = {len(request.input_ids)} + {request.sampling.max_new_tokens} "
+                f"exceeds max_context_len {self.max_context_len}; lower max_new_tokens or shorten the prompt"
+            )
+        self._rids.add(request.rid)
+        self._waiting.append(request)
+        self._stats["requests_total"] += 1
 
     def has_unfinished(self) -> bool:
         """True while requests are queued or running (or aborted ones not yet returned by ``step``)."""
-        raise NotImplementedError
+        return bool(self._waiting or self._running or self._done)
 
     def abort(self, rid: str) -> bool:
         """Abort a queued or running request; its result (finish type "abort", tokens so far) comes out of the
         next ``step()``. Returns False when the rid is unknown (already finished). Aborted responses are never
         recorded into the history."""
-        raise NotImplementedError
+        for r in self._waiting:
+            if r.rid == rid:
+                self._waiting.remove(r)
+                self._rids.discard(rid)
+                self._done.append(
+                    GenerateResult(
+                        rid=rid,
+                        output_ids=[],
+                        finish_reason={"type": "abort", "message": "aborted"},
+                        output_logprobs=[] if r.return_logprob else None,
+                        prompt_tokens=len(r.input_ids),
+                        prompt_id=r.prompt_id,
+                    )
+                )
+                self._stats["requests_aborted"] += 1
+                return True
+        for st in self._running:
+            if st.req.rid == rid and st.finish is None:
+                st.finish = {"type": "abort", "message": "aborted"}
+                return True
+        return False
+
+    def step(self) -> list[GenerateResult]:
+        """Admit queued requests and run one verify step; return the requests that finished in it."""
+        results, self._done = self._done, []
+        results += self._retire()  # aborted running requests
+        self._admit()
+        if self._running:
+            self._prefill()
+            self._decode()
+            results += self._retire()
+        return results
 
     def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """Run the requests to completion (with any already queued); results in the order of ``requests``."""
-        raise NotImplementedError
+        """Run the requests to completion (with any already queued); results in the order of ``requests``.
+
+        Results of other requests that finish meanwhile are returned by the next ``step()``.
+        """
+        for r in requests:
+            self.add_request(r)
+        wanted = {r.rid for r in requests}
+        got: dict[str, GenerateResult] = {}
+        others: list[GenerateResult] = []
+        while len(got) < len(wanted):
+            for res in self.step():
+                if res.rid in wanted:
+                    got[res.rid] = res
+                else:
+                    others.append(res)
+        self._done = others + self._done
+        return [got[r.rid] for r in requests]
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> None:
         """Load new weights (same architecture and shapes) from a directory; running requests continue with the
         new weights after their KV cache is recomputed. Never touches the drafter's history. Raises ValueError
         when the directory is missing or the shapes differ (the old weights stay)."""
-        raise NotImplementedError
+        from transformers import AutoModelForCausalLM
+
+        if not isinstance(model_path, str) or not os.path.isdir(model_path):
+            raise ValueError(f"model_path={model_path!r} is not a directory")
+        new = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=self.dtype, trust_remote_code=self.config.trust_remote_code
+        )
+        check_architecture(new.config)
+        old_sd, new_sd = self.model.state_dict(), new.state_dict()
+        if old_sd.keys() != new_sd.keys():
+            diff = sorted(set(old_sd) ^ set(new_sd))[:3]
+            raise ValueError(f"model_path={model_path!r} has different parameters than the loaded model: {diff}")
+        for name, tensor in new_sd.items():
+            if tensor.shape != old_sd[name].shape:
+                raise ValueError(
+                    f"model_path={model_path!r}: {name} has shape {tuple(tensor.shape)}, "
+                    f"the loaded model {tuple(old_sd[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in new_sd.items():
+                old_sd[name].copy_(tensor.to(old_sd[name].device))
+        self.model_path = model_path
+        self.weight_version = weight_version
+        for st in self._running:  # recompute every running request's KV with the new weights
+            st.kv_len = 0
+        self._stats["weight_updates"] += 1
 
     def flush_cache(self) -> bool:
         """Drop cached KV state; only when idle (returns False when requests are running). Never drops history."""
-        raise NotImplementedError
+        if self._running or self._waiting:
+            return False
+        self._cache.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return True
 
     def stats(self) -> dict:
-        """Counters: requests_total, requests_running, requests_waiting, prompt_tokens, generated_tokens,
-        verify_steps, draft_tokens, accepted_tokens, tau (generated / verify steps over decode steps), drafter
-        stats under "drafter", speculative_algorithm, weight_version."""
-        raise NotImplementedError
+        """Counters: requests_total, requests_finished, requests_aborted, requests_running, requests_waiting,
+        prompt_tokens, generated_tokens, verify_steps (request-steps), forward_passes, draft_tokens,
+        accepted_tokens, tau (generated tokens per request-step), accept_rate, drafter stats under "drafter",
+        speculative_algorithm, weight_version, model_path, device."""
+        s = self._stats
+        steps = s["verify_steps"]
+        out = {
+            k: int(s[k])
+            for k in (
+                "requests_total",
+                "requests_finished",
+                "requests_aborted",
+                "prompt_tokens",
+                "generated_tokens",
+                "verify_steps",
+                "forward_passes",
+                "draft_tokens",
+                "accepted_tokens",
+                "weight_updates",
+            )
+        }
+        out.update(
+            requests_running=len(self._running),
+            requests_waiting=len(self._waiting),
+            tau=(s["step_tokens"] / steps) if steps else 0.0,
+            accept_rate=(s["accepted_tokens"] / s["draft_tokens"]) if s["draft_tokens"] else 0.0,
+            speculative_algorithm=self.config.speculative_algorithm,
+            weight_version=self.weight_version,
+            model_path=self.model_path,
+            device=str(self.device),
+            drafter=self.drafter.stats() if hasattr(self.drafter, "stats") else {},
+        )
+        return out
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _eos_ids(model) -> frozenset[int]:
+        ids: set[int] = set()
+        for src in (model.config, getattr(model, "generation_config", None)):
+            val = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(val, int):
+                ids.add(val)
+            elif isinstance(val, (list, tuple)):
+                ids.update(int(v) for v in val)
+        return frozenset(ids)
+
+    @staticmethod
+    def _load_tokenizer(path: str):
+        if not any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+            return None
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(path)
+        except Exception:  # a model without a usable tokenizer still serves token ids
+            return None
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_running_requests:
+            req = self._waiting.popleft()
+            seed = req.sampling.seed
+            rng = np.random.default_rng(seed if seed is not None else [self.config.seed, self._counter])
+            self._counter += 1
+            stop = set(req.sampling.stop_token_ids)
+            if not req.sampling.ignore_eos:
+                stop |= self.eos_token_ids
+            st = _Req(req=req, rng=rng, tokens=list(req.input_ids), stop_ids=frozenset(stop))
+            self._running.append(st)
+            self.drafter.start(req.rid, req.prompt_id, list(req.input_ids))
+            self._stats["prompt_tokens"] += len(req.input_ids)
+
+    def _prefill(self) -> None:
+        """Compute the K/V of every running request's tokens but the last (new requests and, after a weight
+        update, all). Those requests form a suffix of the running list (new ones are appended)."""
+        pending = [i for i, st in enumerate(self._running) if st.kv_len < len(st.tokens) - 1]
+        if not pending:
+            return
+        start = pending[0]
+        rows = self._running[start:]
+        for st in rows:  # after a weight update everything from `start` on is recomputed from scratch
+            if st.kv_len >= len(st.tokens) - 1:
+                st.kv_len = 0
+        lens = [len(st.tokens) - 1 - st.kv_len for st in rows]
+        n = max(lens)
+        t = max(len(st.tokens) - 1 for st in rows)
+        self._cache.ensure(len(self._running), t)
+        ids = np.zeros((len(rows), n), dtype=np.int64)
+        pos = np.zeros((len(rows), n), dtype=np.int64)
+        write = np.full((len(rows), n), -1, dtype=np.int64)
+        mask = np.zeros((len(rows), n, t), dtype=bool)
+        for b, st in enumerate(rows):
+            k, m = st.kv_len, lens[b]
+            if m == 0:
+                mask[b, :, 0] = True
+                continue
+            ids[b, :m] = st.tokens[k : k + m]
+            pos[b, :m] = np.arange(k, k + m)
+            write[b, :m] = pos[b, :m]
+            mask[b, :m, : k + m] = np.tril(np.ones((m, k + m), dtype=bool), k)
+            mask[b, m:, 0] = True
+        dev = self.device
+        self._fwd.forward(
+            torch.from_numpy(ids).to(dev),
+            torch.from_numpy(pos).to(dev),
+            torch.from_numpy(write).to(dev),
+            torch.from_numpy(mask).to(dev)[:, None],
+            self._cache,
+            slot_start=start,
+        )
+        for b, st in enumerate(rows):
+            st.kv_len += lens[b]
+        self._stats["forward_passes"] += 1
+
+    def _budgets(self) -> list[int]:
+        running = self._running
+        if not self._speculate:
+            return [0] * len(running)
+        rids = [st.req.rid for st in running]
+        raw = self.budgets.step_budgets(rids, len(running))
+        out = []
+        for st, b in zip(running, raw):
+            left = st.req.sampling.max_new_tokens - len(st.output) - 1
+            room = self.max_context_len - len(st.tokens)
+            out.append(max(0, min(int(b), self.config.num_draft_tokens, left, room)))
+        return out
+
+    def _decode(self) -> None:
+        running = [st for st in self._running]
+        budgets = self._budgets()
+        trees: list[tuple[list[int], list[int]]] = []
+        ask = [i for i, b in enumerate(budgets) if b > 0]
+        drafts: dict[int, Draft] = {}
+        if ask:
+            got = self.drafter.draft_batch([running[i].req.rid for i in ask], [budgets[i] for i in ask])
+            drafts = dict(zip(ask, got))
+        for i, st in enumerate(running):
+            if i in drafts:
+                toks, pars = _sanitize(drafts[i], budgets[i], self.vocab_size)
+            else:
+                toks, pars = [0], [-1]
+            toks[0] = st.tokens[-1]
+            trees.append((toks, pars))
+        bsz = len(running)
+        n = max(len(t) for t, _ in trees)
+        t_keys = max(st.kv_len + len(tr[0]) for st, tr in zip(running, trees))
+        self._cache.ensure(bsz, t_keys)
+        ids = np.zeros((bsz, n), dtype=np.int64)
+        pos = np.zeros((bsz, n), dtype=np.int64)
+        write = np.full((bsz, n), -1, dtype=np.int64)
+        mask = np.zeros((bsz, n, t_keys), dtype=bool)
+        for b, (st, (toks, pars)) in enumerate(zip(running, trees)):
+            m, p = len(toks), st.kv_len
+            depth = np.zeros(m, dtype=np.int64)
+            for j in range(1, m):
+                depth[j] = depth[pars[j]] + 1
+            ids[b, :m] = toks
+            pos[b, :m] = p + depth
+            write[b, :m] = np.arange(p, p + m)
+            mask[b, :m, :p] = True
+            mask[b, :m, p : p + m] = _ancestor_mask(pars)
+            mask[b, m:, p] = True
+        dev = self.device
+        hidden = self._fwd.forward(
+            torch.from_numpy(ids).to(dev),
+            torch.from_numpy(pos).to(dev),
+            torch.from_numpy(write).to(dev),
+            torch.from_numpy(mask).to(dev)[:, None],
+            self._cache,
+            slot_start=0,
+        )
+        self._stats["forward_passes"] += 1
+        valid = torch.from_numpy(write >= 0).to(dev)
+        logits = self._fwd.logits(hidden[valid])  # [R, V] rows in (b, node) order
+        sp = [st.req.sampling for st in running]
+        counts = [len(t) for t, _ in trees]
+        temp = torch.tensor([0.0 if s.is_greedy else float(s.temperature) for s in sp], device=dev)
+        top_k = torch.tensor([s.top_k for s in sp], device=dev, dtype=torch.int64)
+        top_p = torch.tensor([float(s.top_p) for s in sp], device=dev)
+        reps = torch.tensor(counts, device=dev)
+        probs = process_logits(
+            logits, temp.repeat_interleave(reps), top_k.repeat_interleave(reps), top_p.repeat_interleave(reps)
+        )
+        probs = probs.to("cpu", torch.float64).numpy()
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        mv_slot, mv_src, mv_dst = [], [], []
+        for b, (st, (toks, pars)) in enumerate(zip(running, trees)):
+            res = verify_tree(probs[offsets[b] : offsets[b + 1]], toks, pars, sp[b].is_greedy, st.rng)
+            st.verify_ct += 1
+            st.draft_ct += len(toks) - 1
+            self._stats["verify_steps"] += 1
+            self._stats["draft_tokens"] += len(toks) - 1
+            accepted = 0
+            for k, tok in enumerate(res.tokens):
+                st.output.append(tok)
+                st.tokens.append(tok)
+                st.logprobs.append(res.logprobs[k])
+                if k < len(res.accepted_nodes):
+                    accepted += 1
+                if tok in st.stop_ids:
+                    st.finish = {"type": "stop", "matched": tok}
+                elif len(st.output) >= sp[b].max_new_tokens:
+                    st.finish = {"type": "length", "length": len(st.output)}
+                if st.finish is not None:
+                    break
+            emitted = k + 1
+            st.accept_ct += accepted
+            self._stats["accepted_tokens"] += accepted
+            self._stats["generated_tokens"] += emitted
+            self._stats["step_tokens"] += emitted
+            if self._speculate:
+                self.budgets.update(st.req.rid, len(toks) - 1, accepted)
+            if st.finish is None:
+                # compact the accepted path: node i_k's K/V (written at kv_len + i_k) moves to kv_len + k
+                for k, node in enumerate(res.accepted_nodes, start=1):
+                    if node != k:
+                        mv_slot.append(b)
+                        mv_src.append(st.kv_len + node)
+                        mv_dst.append(st.kv_len + k)
+                st.kv_len += 1 + len(res.accepted_nodes)
+                if self._speculate:
+                    self.drafter.extend(st.req.rid, res.tokens)
+        if mv_slot:
+            self._cache.move_tokens(
+                torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)
+            )
+
+    def _retire(self) -> list[GenerateResult]:
+        """Remove finished requests from the running list (keeping slots contiguous) and build their results."""
+        out = []
+        for i in range(len(self._running) - 1, -1, -1):
+            st = self._running[i]
+            if st.finish is None:
+                continue
+            last = len(self._running) - 1
+            if i != last:
+                moved = self._running[last]
+                self._cache.move_slot(last, i, moved.kv_len)
+                self._running[i] = moved
+            self._running.pop()
+            out.append(self._finish(st))
+        out.reverse()
+        return out
+
+    def _finish(self, st: _Req) -> GenerateResult:
+        req = st.req
+        rid = req.rid
+        self._rids.discard(rid)
+        aborted = st.finish["type"] == "abort"
+        if aborted:
+            self.drafter.abort(rid)
+            self._stats["requests_aborted"] += 1
+        else:
+            if self.config.record_responses and req.prompt_id is not None:
+                self.drafter.finish(rid, list(st.output))
+            else:
+                self.drafter.abort(rid)
+            self._stats["requests_finished"] += 1
+        if self._speculate:
+            self.budgets.remove(rid)
+        return GenerateResult(
+            rid=rid,
+            output_ids=list(st.output),
+            finish_reason=st.finish,
+            output_logprobs=list(st.logprobs) if req.return_logprob else None,
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(st.output),
+            spec_verify_ct=st.verify_ct,
+            spec_draft_tokens=st.draft_ct,
+            spec_accepted_tokens=st.accept_ct,
+            prompt_id=req.prompt_id,
+        )

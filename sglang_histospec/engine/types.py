@@ -130,11 +130,12 @@ class GenerateResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     spec_verify_ct: int = 0
-    """Forward passes (verify steps) that produced this request's tokens after the prefill."""
+    """Verify steps (forward passes after the prefill) that produced this request's tokens; the prefill covers
+    the prompt minus its last token, so even the first output token comes from a verify step."""
     spec_draft_tokens: int = 0
     """Draft nodes proposed for this request (the root excluded)."""
     spec_accepted_tokens: int = 0
-    """Draft nodes accepted (bonus tokens excluded); tau = completion_tokens / (spec_verify_ct + 1)."""
+    """Draft nodes accepted (bonus tokens excluded); tau = completion_tokens / spec_verify_ct."""
     prompt_id: str | None = None
 
 

@@ -1,0 +1,186 @@
+"""A minimal forward pass over Hugging Face Llama / Qwen2 / Qwen3 weights with an explicit KV cache and tree masks.
+
+The HF modules provide the weights, the norms, the MLPs and the rotary embedding (so every RoPE variant HF
+supports is honoured); this module only re-implements the attention so that any set of query tokens (a prefill
+chunk, a decode token or a whole draft tree) can attend to any set of cached keys through a boolean mask, with
+explicit positions. Logits match ``model(input_ids).logits`` of the HF model (tested).
+
+KV layout: one tensor ``[num_layers, 2, slots, num_kv_heads, capacity, head_dim]``. A batch always occupies a
+contiguous range of slots; batch row ``b`` is slot ``slot_start + b``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_histospec.engine.types import SUPPORTED_ARCHITECTURES
+
+
+def check_architecture(hf_config) -> str:
+    """Return the architecture name, or raise ValueError for one the engine cannot run.
+
+    Example: a ``LlamaConfig()`` gives ``"LlamaForCausalLM"``; a GPT-2 config raises ValueError.
+    """
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    model_type = getattr(hf_config, "model_type", "")
+    by_type = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), by_type.get(model_type))
+    if arch is None:
+        raise ValueError(
+            f"architecture {archs or model_type!r} is not supported by the torch engine; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (use the SGLang backend for other models)"
+        )
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("sliding-window attention (use_sliding_window=True) is not supported by the torch engine")
+    return arch
+
+
+class KVCache:
+    """Per-slot key/value storage that grows on demand (slots and capacity double, up to their limits)."""
+
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, max_slots: int, max_capacity: int, device, dtype
+    ):
+        self.shape_tail = (num_layers, num_kv_heads, head_dim)
+        self.max_slots = max_slots
+        self.max_capacity = max_capacity
+        self.device = device
+        self.dtype = dtype
+        self.data: torch.Tensor | None = None  # [L, 2, slots, Hkv, capacity, D]
+
+    @property
+    def slots(self) -> int:
+        return 0 if self.data is None else self.data.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.data is None else self.data.shape[4]
+
+    def ensure(self, slots: int, capacity: int) -> None:
+        """Make room for ``slots`` slots of ``capacity`` tokens each, keeping the contents."""
+        if slots > self.max_slots or capacity > self.max_capacity:
+            raise ValueError(f"KV cache request ({slots} slots, {capacity} tokens) beyond the limits")
+        if slots <= self.slots and capacity <= self.capacity:
+            return
+        new_slots = min(self.max_slots, max(slots, 2 * self.slots, 1))
+        new_cap = min(self.max_capacity, max(capacity, 2 * self.capacity, 64))
+        if slots <= self.slots:
+            new_slots = self.slots
+        if capacity <= self.capacity:
+            new_cap = self.capacity
+        layers, heads, dim = self.shape_tail
+        data = torch.zeros((layers, 2, new_slots, heads, new_cap, dim), device=self.device, dtype=self.dtype)
+        if self.data is not None:
+            data[:, :, : self.slots, :, : self.capacity] = self.data
+        self.data = data
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` cached tokens of slot ``src`` into slot ``dst``."""
+        if length > 0 and src != dst:
+            self.data[:, :, dst, :, :length] = self.data[:, :, src, :, :length]
+
+    def move_tokens(self, slot_idx: torch.Tensor, src_pos: torch.Tensor, dst_pos: torch.Tensor) -> None:
+        """``cache[slot_idx[m], dst_pos[m]] = cache[slot_idx[m], src_pos[m]]`` for every m (all layers, K and V).
+
+        The sources are read before anything is written. Shapes: ``[M]`` int64 each.
+        """
+        if slot_idx.numel():
+            self.data[:, :, slot_idx, :, dst_pos] = self.data[:, :, slot_idx, :, src_pos]
+
+    def clear(self) -> None:
+        self.data = None
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class TreeForward:
+    """Runs the decoder of an HF Llama/Qwen2/Qwen3 model on arbitrary token sets with a boolean attention mask.
+
+    Example::
+
+        fwd = TreeForward(hf_model)
+        cache = fwd.new_cache(max_slots=4, max_capacity=256)
+        cache.ensure(1, 3)
+        ids = torch.tensor([[5, 6, 7]]); pos = torch.arange(3)[None]
+        mask = torch.ones(3, 3, dtype=torch.bool).tril()[None, None]       # [B, 1, N, T]
+        hidden = fwd.forward(ids, pos, pos, mask, cache, slot_start=0)     # [1, 3, hidden]
+        logits = fwd.logits(hidden)                                        # == hf_model(ids).logits
+    """
+
+    def __init__(self, hf_model) -> None:
+        self.model = hf_model
+        self.arch = check_architecture(hf_model.config)
+        cfg = hf_model.config
+        self.decoder = hf_model.model
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.num_layers = cfg.num_hidden_layers
+        self.has_qk_norm = hasattr(self.decoder.layers[0].self_attn, "q_norm")
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.embed_tokens.weight.dtype
+
+    def new_cache(self, max_slots: int, max_capacity: int) -> KVCache:
+        return KVCache(
+            self.num_layers, self.num_kv_heads, self.head_dim, max_slots, max_capacity, self.device, self.dtype
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, N] int64
+        positions: torch.Tensor,  # [B, N] int64 rotary positions
+        write_pos: torch.Tensor,  # [B, N] int64 cache index each token's K/V is written to; -1 = padding (not written)
+        mask: torch.Tensor,  # [B, 1, N, T] bool, True = may attend; T = cached keys read (indices 0..T-1)
+        cache: KVCache,
+        slot_start: int,
+    ) -> torch.Tensor:  # [B, N, hidden] after the final norm
+        bsz, n = input_ids.shape
+        t = mask.shape[-1]
+        hidden = self.decoder.embed_tokens(input_ids)
+        cos, sin = self.decoder.rotary_emb(hidden, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, N, D]
+        valid = write_pos >= 0
+        b_idx, n_idx = valid.nonzero(as_tuple=True)
+        slot_idx = b_idx + slot_start
+        pos_idx = write_pos[b_idx, n_idx]
+        for layer_no, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            residual = hidden
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(bsz, n, self.num_heads, self.head_dim)
+            k = attn.k_proj(x).view(bsz, n, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(bsz, n, self.num_kv_heads, self.head_dim)
+            if self.has_qk_norm:
+                q = attn.q_norm(q)
+                k = attn.k_norm(k)
+            q = q.transpose(1, 2)  # [B, H, N, D]
+            k = k.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kv = cache.data[layer_no]  # [2, slots, Hkv, C, D]
+            kv[0, slot_idx, :, pos_idx] = k.transpose(1, 2)[b_idx, n_idx]
+            kv[1, slot_idx, :, pos_idx] = v[b_idx, n_idx]
+            keys = kv[0, slot_start : slot_start + bsz, :, :t]
+            values = kv[1, slot_start : slot_start + bsz, :, :t]
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads
+            )
+            out = out.transpose(1, 2).reshape(bsz, n, self.num_heads * self.head_dim)
+            hidden = residual + attn.o_proj(out)
+            residual = hidden
+            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.decoder.norm(hidden)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab] float32
+        return self.model.lm_head(hidden).float()
