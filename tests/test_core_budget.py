@@ -43,6 +43,7 @@ def test_batch_cap_shrinks_with_batch():
     assert caps == sorted(caps, reverse=True)
     assert caps[0] == 25 and caps[-1] == 0  # default roofline table, cost_limit 1.25
     assert BudgetController(BudgetConfig(cost_limit=None)).batch_cap(4096) == 1024
+    assert b.step_total(1) == 25 and b.step_total(64) == 64 * b.batch_cap(64)
 
 
 def test_step_budgets_with_length_classes():

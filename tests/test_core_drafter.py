@@ -245,3 +245,27 @@ def test_concurrent_add_and_draft():
         t.join()
     assert errors == []
     assert d.check_integrity() is None
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        ({"prompts": [("p", [1], [(0, [np.array([5, 6], np.int32)], [1.0, 2.0])])]}, "rewards"),
+        ({"prompts": [("p", [1], [(0, [np.array([5, 6], np.int32)], [float("inf")])])]}, "non-finite"),
+        ({"prompts": [("p", [-4], [(0, [np.array([5, 6], np.int32)], None)])]}, "tail"),
+    ],
+)
+def test_snapshot_bad_structure_refused(tmp_path, state, message):
+    from sglang_histospec.core.snapshot import write_snapshot
+
+    write_snapshot(tmp_path / "s.snap", {"open_step": 0, "recorded": [], "global": [], **state})
+    with pytest.raises(ValueError, match=f"corrupt structure.*{message}"):
+        HistoSpecDrafter.load(tmp_path / "s.snap", DrafterConfig(backend="python"))
+
+
+def test_active_requests():
+    d = drafter()
+    d.start("a", "p", [1])
+    d.start("b", None, [1])
+    d.finish("a", [2])
+    assert d.active_requests() == {"b"}

@@ -164,6 +164,10 @@ class BudgetController:
             self._caps[batch_size] = cap
         return cap
 
+    def step_total(self, batch_size: int) -> int:
+        """Most draft nodes one engine step may verify in total at this batch size: ``batch_size * batch_cap``."""
+        return batch_size * self.batch_cap(batch_size)
+
     def step_budgets(self, req_ids: list[str], batch_size: int | None = None) -> list[int]:
         """Budgets for one engine step: window x length-class factor, capped by ``batch_cap(batch_size)``.
 

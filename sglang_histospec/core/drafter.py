@@ -417,6 +417,11 @@ class HistoSpecDrafter:
             raise ValueError(f"unknown req_id={req_id!r}: call start() first (or it already finished)")
 
     # ---- introspection -------------------------------------------------------------------------------------
+    def active_requests(self) -> set[str]:
+        """Ids of started, not yet finished or aborted requests (to reconcile with an engine's live batch)."""
+        with self._lock:
+            return set(self._requests)
+
     @property
     def open_step(self) -> int:
         return self._open_step

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 
@@ -118,8 +119,8 @@ def _parse(payload: bytes) -> dict:
 
     prompts = []
     for p in meta["prompts"]:
-        visits = [(int(v["step"]), [take(n) for n in v["lengths"]], v["rewards"]) for v in p["visits"]]
-        prompts.append((str(p["id"]), [int(t) for t in p["tail"]], visits))
+        visits = [(int(v["step"]), [take(n) for n in v["lengths"]], _rewards(v)) for v in p["visits"]]
+        prompts.append((str(p["id"]), _tail(p["tail"]), visits))
     recorded = [
         (str(r["id"]), [([int(t) for t in it["tail"]], take(it["length"])) for it in r["items"]])
         for r in meta["recorded"]
@@ -128,3 +129,23 @@ def _parse(payload: bytes) -> dict:
     if pos != tokens.size:
         raise ValueError(f"{tokens.size - pos} tokens not referenced by the meta")
     return {"open_step": int(meta["open_step"]), "prompts": prompts, "recorded": recorded, "global": glob}
+
+
+def _tail(raw) -> list[int]:
+    if not isinstance(raw, list) or any(
+        isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31 for t in raw
+    ):
+        raise ValueError(f"bad prompt tail {raw!r:.80}")
+    return raw
+
+
+def _rewards(visit: dict) -> list[float] | None:
+    raw = visit["rewards"]
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != len(visit["lengths"]):
+        raise ValueError(f"rewards {raw!r:.80} do not match {len(visit['lengths'])} responses")
+    out = [float(r) for r in raw]
+    if not all(math.isfinite(r) for r in out):
+        raise ValueError(f"non-finite reward in {raw!r:.80}")
+    return out
