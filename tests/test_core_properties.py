@@ -99,3 +99,30 @@ def test_bookkeeping_invariants(ops):
             d.end_step()
         assert d.check_integrity() is None
         assert d.stats()["history_tokens"] <= 40
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    context=st.lists(st.integers(0, 3), min_size=1, max_size=16),
+    budget=st.integers(1, 8),
+    tree=st.booleans(),
+)
+def test_self_source_brute_force(context, budget, tree):
+    d = HistoSpecDrafter(DrafterConfig(backend="python", sources=("self",), tree=tree, max_match=5, min_prob=0.05))
+    d.start("r", None, context)
+    draft = d.draft("r", budget)
+    assert draft.check() is None and len(draft) <= budget
+    n = len(context)
+    n = len(context)
+    # with at most 16 tokens every child has q >= 1/16 > min_prob, so a suffix that occurs elsewhere drafts
+    if not draft.token_ids:
+        assert all(count([context], context[n - k :]) == 1 for k in range(1, min(5, n) + 1))
+        return
+    m = draft.match_len
+    pattern = context[n - m :]
+    total = count([context], pattern) - 1  # the occurrence at the very end is excluded
+    for i, p in enumerate(draft.probs):
+        assert abs(p - count([context], pattern + draft.path(i)) / total) < 1e-12
+    # no longer suffix occurs elsewhere in the context
+    for k in range(m + 1, min(5, n) + 1):
+        assert count([context], context[n - k :]) == 1

@@ -296,7 +296,7 @@ class HistoSpecDrafter:
         kept = visits[: self.cfg.window]
         entry.visits = kept
         self._rebuild(prompt_id, entry)
-        if visit not in kept:
+        if not any(v is visit for v in kept):
             return 0
         if "global" in self.cfg.sources:
             self._global_put(prompt_id, visit.step, [self._seq(entry.tail, r) for r in visit.responses])
