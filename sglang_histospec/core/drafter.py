@@ -381,12 +381,15 @@ class HistoSpecDrafter:
         """One draft per request; the native backend drafts the whole batch without the GIL."""
         if len(req_ids) != len(budgets):
             raise ValueError(f"{len(req_ids)} req_ids but {len(budgets)} budgets: pass one budget per request")
-        checked = [_check_budget(b) for b in budgets]
-        for r in req_ids:
-            self._known(r)
+        checked = [b if type(b) is int and 0 <= b <= MAX_BUDGET else _check_budget(b) for b in budgets]
+        requests = self._requests
+        if not all(r in requests for r in req_ids):
+            for r in req_ids:
+                self._known(r)
         out = []
+        empty = Draft.empty()
         for toks, parents, probs, match_len, source in self._index.draft_batch(list(req_ids), checked):
-            out.append(Draft(list(toks), list(parents), list(probs), match_len, source) if toks else Draft.empty())
+            out.append(Draft(toks, parents, probs, match_len, source) if toks else empty)
         self._counters["drafts"] += len(out)
         self._counters["drafted_tokens"] += sum(len(d) for d in out)
         return out
