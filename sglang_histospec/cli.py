@@ -13,6 +13,7 @@ import sys
 # (torch, transformers, uvicorn, ...) inside ``run``.
 COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("serve",): "sglang_histospec.commands.serve",
+    ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
 }
 
 

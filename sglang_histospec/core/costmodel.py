@@ -125,6 +125,15 @@ class CostModel:
             + c.per_context_token_s * c.tau * k * (k - 1) / 2
         )
 
+    def same_time(self, prompt_len: int, length: int, count: int) -> float:
+        """:meth:`batch_time` of ``count`` identical requests, in O(1)."""
+        if count <= 0:
+            return 0.0
+        c = self.config
+        k = self.iterations(length)
+        fixed = max(k, math.ceil(count * k / c.max_running))
+        return count * (self.prefill_time(prompt_len) + self.own_time(prompt_len, length)) + c.iteration_s * fixed
+
     def batch_time(self, requests: Sequence[tuple[int, int]]) -> float:
         """Time for a worker to run ``requests`` (``(prompt_len, length)``) submitted together, in closed form.
 

@@ -187,7 +187,7 @@ class Planner:
     # ---- tier 2 ----------------------------------------------------------------------------------------------
     def piece_time(self, group: Group, length: float, samples: int) -> float:
         """Predicted time of ``samples`` requests of ``group`` alone on a worker (one point of its cost curve)."""
-        return self.cost.batch_time([(group.prompt_len, int(round(length)))] * samples)
+        return self.cost.same_time(group.prompt_len, int(round(length)), samples)
 
     def split_sizes(self, group: Group, length: float, target: float, workers: int) -> list[int]:
         """Sizes of the pieces of ``group`` for a target time: k = the fewest workers whose pieces fit ``target``.
@@ -320,7 +320,12 @@ def is_outlier(generated: int, estimate: LengthEstimate, config: PlannerConfig) 
 
     Example: mean 100, p90 140, factor 1.5: 151 tokens emitted -> True, 150 -> False.
     """
-    return generated > max(config.outlier_factor * estimate.mean, estimate.quantile(0.9))
+    return generated > outlier_threshold(estimate, config)
+
+
+def outlier_threshold(estimate: LengthEstimate, config: PlannerConfig) -> float:
+    """Tokens beyond which a request is an outlier: max(outlier_factor x mean, p90) of its prompt's history."""
+    return max(config.outlier_factor * estimate.mean, estimate.quantile(0.9))
 
 
 def in_tail(unfinished: int, total: int, config: PlannerConfig) -> bool:

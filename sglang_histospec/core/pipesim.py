@@ -1,0 +1,442 @@
+"""Discrete-event simulation of a rollout run on W workers under a HistoPipe policy (``histospec pipe simulate``).
+
+Every step of a workload (groups of requests with their realized response lengths) is planned by a
+:class:`Planner` from the lengths known so far, dispatched to :class:`WorkerSim` workers, and run; finished
+responses update the length predictor at once.
+
+Synchronous mode (default): step s starts when step s-1 has finished on every worker (on-policy).
+One-step overlap (``overlap=True``, opt-in): a worker starts its share of step s as soon as it has finished its
+own share of step s-1, provided step s-2 is complete on every worker; step s then runs on weights one step
+older than in synchronous mode, so its data is **one step off-policy**. Training time is not modelled.
+
+Outliers: while at most ``tail_fraction`` of a step's requests are unfinished, a request that has emitted more
+than ``outlier_factor`` x its prompt's predicted mean (and its p90) is, in synchronous mode, migrated to an idle
+worker (aborted and resubmitted with prompt + partial output, which that worker prefills again; the partial
+tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
+which lets its step complete. Each request moves at most once.
+
+Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
+max(longest request alone, total work / W); overlap: max(longest request alone, total work of the run / W),
+see :meth:`CostModel.lower_bound`), ``idle_fraction`` (idle worker-time / (W x makespan); a worker is busy while
+it holds a running request), ``tail_share`` (time from the moment 90 % of a step's requests have finished to the
+step's end, summed over steps, over the summed step makespans), ``migrations`` (moved or deferred requests).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from sglang_histospec.core.costmodel import CostModel
+from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
+from sglang_histospec.core.planner import (
+    Group,
+    Planner,
+    PlannerConfig,
+    StepPlan,
+    in_tail,
+    is_outlier,
+    outlier_threshold,
+)
+from sglang_histospec.core.workersim import WorkerSim
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """One step of a workload: its groups and the realized response lengths of their samples."""
+
+    step: int
+    groups: list[Group]
+    lengths: list[list[int]]
+    """[group][sample] realized response length (tokens)."""
+
+    def __post_init__(self) -> None:
+        if len(self.groups) != len(self.lengths):
+            raise ValueError(f"step {self.step}: {len(self.groups)} groups but {len(self.lengths)} length lists")
+        for g, ns in zip(self.groups, self.lengths):
+            if len(ns) != g.size or any(not isinstance(n, int) or n < 1 for n in ns):
+                raise ValueError(f"step {self.step}, prompt {g.prompt_id!r}: need {g.size} lengths >= 1, got {ns}")
+
+    def requests(self) -> list[tuple[int, int]]:
+        """``(prompt_len, length)`` of every request."""
+        return [(g.prompt_len, n) for g, ns in zip(self.groups, self.lengths) for n in ns]
+
+
+@dataclass(slots=True)
+class PipeSimConfig:
+    workers: int = 8
+    """Rollout workers (data-parallel engine instances)."""
+    overlap: bool = False
+    """One-step overlap (one step off-policy, opt-in); False = synchronous, on-policy."""
+    outliers: bool = True
+    """Act on outliers: migrate (synchronous) or defer (overlap)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.workers, int) and self.workers >= 1):
+            raise ValueError(f"PipeSimConfig.workers={self.workers!r}: must be an int >= 1")
+
+
+@dataclass(slots=True)
+class StepStats:
+    step: int
+    requests: int
+    start: float
+    end: float
+    makespan: float
+    lower_bound: float
+    tail_s: float
+    migrations: int
+
+
+@dataclass(slots=True)
+class PipeSimResult:
+    policy: str
+    workers: int
+    overlap: bool
+    makespan: float
+    lower_bound: float
+    idle_fraction: float
+    tail_share: float
+    migrations: int
+    per_step: list[StepStats] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """The contract of ``histospec pipe simulate --json`` (design.md section 5) plus details."""
+        return {
+            "policy": self.policy,
+            "workers": self.workers,
+            "overlap": self.overlap,
+            "steps": len(self.per_step),
+            "makespan": self.makespan,
+            "lower_bound": self.lower_bound,
+            "bound_gap": self.makespan / self.lower_bound - 1.0 if self.lower_bound > 0 else 0.0,
+            "idle_fraction": self.idle_fraction,
+            "tail_share": self.tail_share,
+            "migrations": self.migrations,
+            "per_step": [asdict(s) for s in self.per_step],
+        }
+
+
+@dataclass(slots=True)
+class _Req:
+    step: int  # index of the step it counts for (changes when deferred)
+    prompt_id: str
+    prompt_len: int
+    length: int
+    estimate: LengthEstimate
+    done: int = 0  # tokens emitted before its current submission
+    moved: bool = False
+
+
+class PipeSimulator:
+    """Runs a workload; see the module docstring. Example::
+
+    sim = PipeSimulator(PipeSimConfig(workers=2), PlannerConfig(policy="lpt"))
+    result = sim.run([StepWork(0, [Group("a", 2), Group("b", 2)], [[900, 800], [100, 120]])])
+    result.idle_fraction  # ~0.4: the short group's worker waits for the long one
+    """
+
+    def __init__(
+        self,
+        config: PipeSimConfig | None = None,
+        planner: PlannerConfig | None = None,
+        cost: CostModel | None = None,
+        lengths: LengthPredictorConfig | None = None,
+    ) -> None:
+        self.config = config or PipeSimConfig()
+        self.cost = cost or CostModel()
+        self.planner = Planner(self.cost, planner or PlannerConfig())
+        self.lengths_config = lengths or LengthPredictorConfig()
+
+    def run(
+        self,
+        steps: Sequence[StepWork],
+        predictor: LengthPredictor | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> PipeSimResult:
+        """Simulate ``steps`` in order; ``progress(n)`` is called with the number of steps that completed."""
+        return _Run(self, list(steps), predictor or LengthPredictor(self.lengths_config), progress).go()
+
+
+class _Run:
+    """State of one simulation (one event loop)."""
+
+    def __init__(
+        self,
+        sim: PipeSimulator,
+        steps: list[StepWork],
+        predictor: LengthPredictor,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        W = sim.config.workers
+        self.sim, self.steps, self.predictor, self.progress = sim, steps, predictor, progress
+        self.cost, self.cfg, self.pcfg = sim.cost, sim.config, sim.planner.config
+        self.lag = 2 if sim.config.overlap else 1
+        self.workers = [WorkerSim(self.cost) for _ in range(W)]
+        self.version = [0] * W
+        self.heap: list[tuple[float, int, int]] = []
+        self.cur = [-1] * W  # step index each worker is on
+        self.out = [0] * W  # unfinished requests of its current step on each worker
+        self.todo: dict[tuple[int, int], list[tuple]] = {}  # (step index, worker) -> keys not yet submitted
+        self.reqs: dict[tuple, _Req] = {}
+        self.plans: dict[int, StepPlan] = {}
+        n = len(steps)
+        self.unfinished = [sum(g.size for g in s.groups) for s in steps]
+        self.total = list(self.unfinished)
+        self.finish_times: list[list[float]] = [[] for _ in steps]
+        self.start = [math.inf] * n
+        self.end = [0.0] * n
+        self.complete = [False] * n
+        self.moves = [0] * n
+        self.carry: dict[int, list[tuple[tuple, int]]] = {}
+        self.completed = 0
+        self.check_at = math.inf  # time of the pending outlier check
+
+    # ---- driving -------------------------------------------------------------------------------------------
+    def go(self) -> PipeSimResult:
+        for w in range(len(self.workers)):
+            self._try_start(w, 0.0)
+        while self.heap:
+            t, ver, w = heapq.heappop(self.heap)
+            if w < 0:  # an outlier check
+                self.check_at = math.inf
+                self._outliers(t)
+                continue
+            if ver != self.version[w]:
+                continue
+            for key, ft in self.workers[w].advance(t):
+                self._finished(key, ft, w)
+            self._schedule(w)
+            if self.out[w] == 0:
+                self._try_start(w, t)
+            if self.cfg.outliers:
+                self._outliers(t)
+        assert all(self.complete), "every step must complete"
+        return self._result()
+
+    def _schedule(self, w: int) -> None:
+        self.version[w] += 1
+        nf = self.workers[w].next_finish()
+        if math.isfinite(nf):
+            heapq.heappush(self.heap, (nf, self.version[w], w))
+
+    def _gate_open(self, s: int) -> bool:
+        return all(self.complete[: max(0, s - self.lag + 1)])
+
+    def _try_start(self, w: int, t: float) -> None:
+        """Move worker ``w`` on to its next step(s) while it has nothing left and the gate is open."""
+        while self.out[w] == 0 and self.cur[w] + 1 < len(self.steps) and self._gate_open(self.cur[w] + 1):
+            s = self.cur[w] + 1
+            if s not in self.plans:
+                self._plan(s, t)
+            self.cur[w] = s
+            keys = self.todo.pop((s, w), [])
+            if keys:
+                self.start[s] = min(self.start[s], t)
+            for key in keys:
+                r = self.reqs[key]
+                self.workers[w].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+            self.out[w] = len(keys)
+            self._schedule(w)
+
+    def _plan(self, s: int, t: float) -> None:
+        work = self.steps[s]
+        backlog = [0.0] * len(self.workers)
+        if self.cfg.overlap:
+            for w, worker in enumerate(self.workers):
+                if self.out[w]:
+                    drain = worker.drain_time(self._remaining)
+                    backlog[w] = max(0.0, worker.now + drain - t)
+        plan = self.sim.planner.plan(work.step, work.groups, len(self.workers), self.predictor, backlog=backlog)
+        self.plans[s] = plan
+        for w, reqs in enumerate(plan.workers):
+            keys = []
+            for gi, si in reqs:
+                g = work.groups[gi]
+                key = (s, gi, si)
+                self.reqs[key] = _Req(
+                    s, g.prompt_id, g.prompt_len, work.lengths[gi][si], self.predictor.predict(g.prompt_id)
+                )
+                keys.append(key)
+            self.todo[(s, w)] = keys
+        for key, w in self.carry.pop(s, []):
+            self.todo[(s, w)].insert(0, key)
+            self.total[s] += 1
+            self.unfinished[s] += 1
+
+    def _remaining(self, key: tuple, generated: int) -> int:
+        r = self.reqs[key]
+        emitted = r.done + generated
+        return int(max(r.estimate.mean - emitted, 0.1 * r.estimate.mean, 1))
+
+    # ---- events --------------------------------------------------------------------------------------------
+    def _finished(self, key: tuple, t: float, w: int) -> None:
+        r = self.reqs[key]
+        self.out[w] -= 1
+        self.predictor.observe(r.prompt_id, self.steps[key[0]].step, r.length)
+        s = r.step
+        self.finish_times[s].append(t)
+        self.unfinished[s] -= 1
+        self.end[s] = max(self.end[s], t)
+        if self.unfinished[s] == 0:
+            self._step_complete(s, t)
+
+    def _step_complete(self, s: int, t: float) -> None:
+        self.complete[s] = True
+        self.completed += 1
+        if self.progress is not None:
+            self.progress(self.completed)
+        for w in range(len(self.workers)):
+            self._try_start(w, t)
+
+    def _outliers(self, t: float) -> None:
+        for s in sorted(set(self.cur)):
+            if (
+                s < 0
+                or self.complete[s]
+                or s not in self.plans
+                or not in_tail(self.unfinished[s], self.total[s], self.pcfg)
+            ):
+                continue
+            for w, worker in enumerate(self.workers):
+                if self.cur[w] != s:
+                    continue
+                for key in list(worker.running):
+                    r = self.reqs[key]
+                    if r.moved or key not in worker.running:
+                        continue
+                    if not is_outlier(r.done + worker.generated_at(key, t), r.estimate, self.pcfg):
+                        # Look again when it crosses the threshold (or when its worker's batch changes).
+                        limit = outlier_threshold(r.estimate, self.pcfg)
+                        when = worker.time_when(key, math.floor(limit) + 1 - r.done)
+                        if t < when < self.check_at:
+                            self.check_at = when
+                            heapq.heappush(self.heap, (when, 0, -1))
+                        continue
+                    if self.cfg.overlap:
+                        self._defer(key, w, t)
+                    else:
+                        self._migrate(key, w, t)
+
+    def _take(self, key: tuple, w: int, t: float) -> _Req | None:
+        """Abort ``key`` on worker ``w`` at time ``t``, keeping its partial output (None if it finished first)."""
+        worker = self.workers[w]
+        for k, ft in worker.advance(t):  # bring the worker to t first
+            self._finished(k, ft, w)
+        if key not in worker.running:
+            self._schedule(w)
+            return None
+        r = self.reqs[key]
+        r.done += worker.remove(key)
+        r.moved = True
+        self.out[w] -= 1
+        self._schedule(w)
+        return r
+
+    def _migrate(self, key: tuple, w: int, t: float) -> None:
+        s = self.reqs[key].step
+        source = self.workers[w]
+        if len(source.running) + len(source.queue) < 2:
+            return  # alone on its worker: moving it only costs a prefill
+        free = [v for v, other in enumerate(self.workers) if other.is_idle() and self.cur[v] == s and v != w]
+        if not free or key not in source.running:
+            return
+        r = self._take(key, w, t)
+        if r is None:
+            return
+        target = free[0]
+        self.workers[target].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+        self.out[target] += 1
+        self.moves[s] += 1
+        self._schedule(target)
+        if self.out[w] == 0:
+            self._try_start(w, t)
+
+    def _defer(self, key: tuple, w: int, t: float) -> None:
+        s = self.reqs[key].step
+        if s + 1 >= len(self.steps) or key not in self.workers[w].running:
+            return
+        r = self._take(key, w, t)
+        if r is None:
+            return
+        r.step = s + 1
+        self.moves[s] += 1
+        self.unfinished[s] -= 1
+        if s + 1 in self.plans:
+            self.todo.setdefault((s + 1, w), []).insert(0, key)
+            self.total[s + 1] += 1
+            self.unfinished[s + 1] += 1
+        else:
+            self.carry.setdefault(s + 1, []).append((key, w))
+        if self.unfinished[s] == 0:
+            self.end[s] = max(self.end[s], t)
+            self._step_complete(s, t)
+        if self.out[w] == 0:
+            self._try_start(w, t)
+
+    # ---- results -------------------------------------------------------------------------------------------
+    def _result(self) -> PipeSimResult:
+        W = len(self.workers)
+        per_step = []
+        for s, work in enumerate(self.steps):
+            times = sorted(self.finish_times[s])
+            start = self.start[s] if self.cfg.overlap else (self.end[s - 1] if s else 0.0)
+            makespan = self.end[s] - start
+            t90 = times[max(0, math.ceil(0.9 * len(times)) - 1)] if times else self.end[s]
+            per_step.append(
+                StepStats(
+                    step=work.step,
+                    requests=len(times),
+                    start=start,
+                    end=self.end[s],
+                    makespan=makespan,
+                    lower_bound=self.cost.lower_bound(work.requests(), W),
+                    tail_s=max(0.0, self.end[s] - t90),
+                    migrations=self.moves[s],
+                )
+            )
+        total = max((s.end for s in per_step), default=0.0)
+        if self.cfg.overlap:
+            reqs = [r for work in self.steps for r in work.requests()]
+            bound = self.cost.lower_bound(reqs, W) if reqs else 0.0
+        else:
+            bound = sum(s.lower_bound for s in per_step)
+        busy = sum(w.busy_s for w in self.workers)
+        span = sum(s.makespan for s in per_step)
+        return PipeSimResult(
+            policy=self.pcfg.policy,
+            workers=W,
+            overlap=self.cfg.overlap,
+            makespan=total,
+            lower_bound=bound,
+            idle_fraction=max(0.0, 1.0 - busy / (W * total)) if total > 0 else 0.0,
+            tail_share=sum(s.tail_s for s in per_step) / span if span > 0 else 0.0,
+            migrations=sum(self.moves),
+            per_step=per_step,
+        )
+
+
+def workload_from_trace(steps: Iterable, length_scale: float = 1.0) -> list[StepWork]:
+    """Turn trace steps (``TraceStep``: ``.step`` and ``.records``, see ``core/trace.py``) into a workload.
+
+    A group is a prompt id within a step (samples in ``sample`` order, groups in order of first appearance);
+    the lengths are the prompts' and responses' token counts times ``length_scale`` (e.g. 8 to model
+    responses eight times longer than those of a small synthetic trace), at least 1 for a response.
+    """
+    if not (math.isfinite(length_scale) and length_scale > 0):
+        raise ValueError(f"length_scale={length_scale!r}: must be > 0")
+    out = []
+    for st in steps:
+        samples: dict[str, list] = {}
+        for rec in st.records:
+            samples.setdefault(rec.prompt_id, []).append(rec)
+        groups, lengths = [], []
+        for pid, recs in samples.items():
+            recs.sort(key=lambda r: r.sample)
+            groups.append(Group(pid, len(recs), int(round(len(recs[0].prompt) * length_scale))))
+            lengths.append([max(1, int(round(len(r.response) * length_scale))) for r in recs])
+        if groups:
+            out.append(StepWork(st.step, groups, lengths))
+    return out
