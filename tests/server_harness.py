@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import uvicorn
 
 from sglang_histospec.engine.types import EngineConfig
@@ -18,6 +19,7 @@ from sglang_histospec.server.app import AppConfig, create_app
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.launch import free_port
 from sglang_histospec.server.torch_backend import TorchBackend, TorchBackendConfig
+from tests.tiny import make_tiny_model_dir
 
 
 class ServerThread:
@@ -65,3 +67,14 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+_SHARED_MODEL: dict[str, str] = {}
+
+
+def shared_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One tiny Llama (vocab 64, char tokenizer, seed 0) built once per session for every server test module."""
+    if "path" not in _SHARED_MODEL:
+        path = tmp_path_factory.mktemp("server-tiny") / "m"
+        _SHARED_MODEL["path"] = make_tiny_model_dir(path, arch="llama", vocab_size=64, seed=0)
+    return _SHARED_MODEL["path"]

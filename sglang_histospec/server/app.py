@@ -69,10 +69,6 @@ def error_body(message: str, field: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "field": field}}
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class _BodyLimit:
     """ASGI middleware: refuse bodies over ``limit`` bytes (by Content-Length, or while they stream in)."""
 
@@ -87,28 +83,33 @@ class _BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._reject(scope, receive, send)
             return
+        # read the whole body first (every route reads it anyway), so an oversized stream is refused before
+        # any handler runs
+        chunks: list[bytes] = []
         received = 0
-        started = False
-
-        async def limited_receive() -> dict:
-            nonlocal received
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
+            if message["type"] != "http.request":
+                return  # client went away
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.limit:
                 await self._reject(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, scope: dict, receive: Any, send: Any) -> None:
         self.counters.add("bad_requests")

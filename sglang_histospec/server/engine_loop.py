@@ -181,7 +181,7 @@ class EngineLoop:
             cmd.future.set_exception(exc)
         else:
             cmd.future.set_result(value)
-        if cmd.changes_history and self._dirty_since is None:
+        if cmd.changes_history and self.snapshot_path is not None and self._dirty_since is None:
             self._dirty_since = time.monotonic()
 
     def _step(self) -> None:
@@ -237,6 +237,6 @@ class EngineLoop:
             if not pending.future.done():
                 pending.future.set_exception(BackendUnavailable("server is shutting down"))
         self._pending.clear()
-        if self._dirty_since is None:  # responses recorded since the last snapshot: always write at the end
+        if self._dirty_since is None and self.snapshot_path is not None:  # always write at the end
             self._dirty_since = time.monotonic()
         self._maybe_snapshot(force=True)

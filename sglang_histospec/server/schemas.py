@@ -270,6 +270,8 @@ def to_generation_inputs(
         if len(ids) == 0:
             raise FieldError(where, "empty prompt")
         _check_tokens(ids, limits, where)
+        if len(ids) >= limits.context_len:
+            raise FieldError(where, f"prompt has {len(ids)} tokens; the context length is {limits.context_len}")
         sp_where = f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
         kwargs = _sampling_to_kwargs(sps[i] or SamplingParamsBody(), sp_where, limits, len(ids))
         out.append(GenerationInput(input_ids=list(ids), return_logprob=logprobs[i], rid=rids[i], **kwargs))

@@ -69,12 +69,13 @@ class TorchBackend:
         from sglang_histospec.engine.engine import Engine
 
         self.config = config
-        self.engine = Engine(config.engine)
         self.snapshot_path = None
+        drafter = None
         if config.history_dir is not None:
             self.snapshot_path = os.path.join(config.history_dir, SNAPSHOT_NAME)
             if os.path.exists(self.snapshot_path):
-                self._restore(self.snapshot_path)
+                drafter = self._restore(self.snapshot_path, config.engine)
+        self.engine = Engine(config.engine, drafter=drafter)
         self._limits = ModelLimits(
             vocab_size=int(self.engine.vocab_size),
             context_len=int(self.engine.max_context_len),
@@ -86,17 +87,18 @@ class TorchBackend:
         )
         self.loop.start()
 
-    def _restore(self, path: str) -> None:
-        from sglang_histospec.core import HistoSpecDrafter
+    @staticmethod
+    def _restore(path: str, engine_config: EngineConfig) -> Any:
+        from sglang_histospec.core import DrafterConfig, HistoSpecDrafter
 
-        cfg = getattr(self.engine.drafter, "cfg", None)
         try:
-            self.engine.drafter = HistoSpecDrafter.load(path, cfg)
-        except Exception as exc:
+            drafter = HistoSpecDrafter.load(path, engine_config.drafter or DrafterConfig())
+        except ValueError as exc:
             raise ValueError(
                 f"history snapshot {path} cannot be restored ({exc}); move it away to start empty"
             ) from exc
-        logger.info("restored history from %s: %s", path, self.engine.drafter.stats())
+        logger.info("restored history from %s: %s", path, drafter.stats())
+        return drafter
 
     # ---- Backend protocol --------------------------------------------------------------------------------
     def limits(self) -> ModelLimits:
