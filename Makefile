@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 EXTRAS ?= dev,trl,notebooks
 
-.PHONY: install test test-all demo bench lint format clean install-peers
+.PHONY: install install-sglang test test-all demo bench lint format clean install-peers
 
 install: $(VENV)/.installed
 
@@ -15,6 +15,13 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
+
+# SGLang 0.5.23 on CPU for the `sglang` tests, in its own venv (.venv-sglang; see docs/sglang.md). Without it
+# those tests skip locally; CI (.ci/run) installs it first so they run.
+install-sglang: .venv-sglang/.installed
+
+.venv-sglang/.installed: scripts/install_sglang_cpu.sh tests/sglang_harness/requirements-cpu.txt pyproject.toml
+	scripts/install_sglang_cpu.sh .venv-sglang
 
 # The test command of the README and of CI: everything that runs without a GPU.
 test: install
