@@ -153,6 +153,20 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("req_ids"), py::arg("budgets"),
           "Per request (token_ids, parents, probs, match_len, source); drafts without the GIL.")
+      .def(
+          "draft_batch_timed",
+          [](Drafter& d, const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets) {
+            if (req_ids.size() != budgets.size()) throw std::invalid_argument("one budget per request");
+            std::vector<DraftOut> drafts;
+            std::vector<int64_t> ns;
+            {
+              py::gil_scoped_release release;
+              drafts = d.draft_batch(req_ids, budgets, &ns);
+            }
+            return py::make_tuple(to_python(drafts), ns);
+          },
+          py::arg("req_ids"), py::arg("budgets"),
+          "Benchmarks: draft_batch plus the wall time of each request's draft in nanoseconds.")
       .def("memory_bytes", &Drafter::memory_bytes)
       .def("history_tokens", &Drafter::history_tokens)
       .def("num_prompts", &Drafter::num_prompts)

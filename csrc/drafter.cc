@@ -1,6 +1,7 @@
 #include "drafter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <sstream>
 #include <stdexcept>
 
@@ -470,14 +471,19 @@ void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
 }
 
 std::vector<DraftOut> Drafter::draft_batch(const std::vector<std::string>& req_ids,
-                                           const std::vector<int32_t>& budgets) {
+                                           const std::vector<int32_t>& budgets, std::vector<int64_t>* ns) {
   std::vector<std::shared_ptr<Request>> reqs;
   reqs.reserve(req_ids.size());
   for (const auto& id : req_ids) reqs.push_back(find_request(id));
   std::vector<DraftOut> out(req_ids.size());
+  if (ns) ns->assign(reqs.size(), 0);
   for (size_t i = 0; i < reqs.size(); ++i) {
-    std::lock_guard lock(reqs[i]->mu);
-    draft_one(*reqs[i], budgets[i], out[i]);
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(reqs[i]->mu);
+      draft_one(*reqs[i], budgets[i], out[i]);
+    }
+    if (ns) (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
   return out;
 }

@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("serve",): "sglang_histospec.commands.serve",
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
+    ("bench", "index"): "sglang_histospec.commands.bench_index",
 }
 
 

@@ -8,6 +8,7 @@ native structures must pass ``check_integrity()`` after every mutation. A quick 
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 
@@ -343,3 +344,17 @@ def test_memory_per_history_token():
     assert idx.history_tokens() == 16 * 4096
     per_token = (idx.memory_bytes() - empty) / (16 * 4096)
     assert 16 <= per_token <= 20  # text, suffix array and int64 weight prefix sums
+
+
+def test_bench_index_command_prints_json(capsys):
+    from sglang_histospec import cli
+
+    argv = ["bench", "index", "--prompts", "3", "--responses", "4", "--length", "128", "--steps", "6"]
+    assert cli.main([*argv, "--reference-prompts", "2", "--reference-length", "64", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("ingest_tokens_per_s", "draft_us_p50", "draft_us_p99", "bytes_per_token", "batch"):
+        assert result[key] > 0, key
+    assert result["history_tokens_per_prompt"] == 4 * (128 + 4)  # responses x (prompt tail + length)
+    assert result["batch"] == 3 and result["tau"] >= 1.0
+    # the side-by-side run drafts the same workload with both backends: identical acceptance
+    assert result["reference_python_tau"] == result["reference_native_tau"]

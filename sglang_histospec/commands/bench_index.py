@@ -1,0 +1,87 @@
+"""``histospec bench index``: ingest speed, draft latency and memory of the history index on synthetic data.
+
+Workload: ``--prompts`` prompts, each with a base response of ``--length`` tokens; its history is
+``--responses`` responses that copy the base token by token with probability ``--similarity`` (else a random
+token). Then one request per prompt (batch = prompts) decodes a fresh response drawn the same way: every step
+drafts the whole batch (``draft_batch``, budget ``--budget``), accepts the longest draft path that matches the
+true continuation, and extends by the accepted tokens plus one bonus token, as an engine would.
+
+Figures: ``ingest_tokens_per_s`` = history tokens / time in the backend's ``set_history`` (index build on one
+core; the facade's ``add`` with Python-side validation is ``facade_ingest_tokens_per_s``); ``draft_us_p50/p99``
+= native wall time of one request's draft inside a batch call (``draft_batch_timed``), per request-step;
+``call_us_per_request_p50`` = the facade's whole ``draft_batch`` call / batch size (Python included);
+``bytes_per_token`` = backend bytes / history tokens. With ``--reference-prompts`` > 0 the same measurements run
+on a small copy of the workload with the Python reference and the native index side by side (``reference_*``).
+
+Example: ``histospec bench index --prompts 8 --length 512 --steps 20 --json``
+"""
+
+from __future__ import annotations
+
+import argparse
+
+COMMAND = ("bench", "index")
+HELP = "Benchmark the history index: ingest tokens/s, draft latency p50/p99 at a batch, bytes per token."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=256, help="prompts, and requests per decode step (batch)")
+    parser.add_argument("--responses", type=int, default=16, help="history responses per prompt")
+    parser.add_argument("--length", type=int, default=8192, help="tokens per response (L)")
+    parser.add_argument("--similarity", type=float, default=0.9, help="per-token probability to copy the base")
+    parser.add_argument("--vocab", type=int, default=32000, help="token ids are drawn from [0, vocab)")
+    parser.add_argument("--budget", type=int, default=16, help="draft budget (nodes) per request-step")
+    parser.add_argument("--steps", type=int, default=64, help="decode steps measured (each drafts the batch)")
+    parser.add_argument(
+        "--sources", default="history,siblings,self", help="comma-separated draft sources (DrafterConfig.sources)"
+    )
+    parser.add_argument("--chain", action="store_true", help="chain mode instead of trees")
+    parser.add_argument("--reference-prompts", type=int, default=4, help="prompts of the side-by-side run (0 = off)")
+    parser.add_argument("--reference-length", type=int, default=1024, help="response length of the side-by-side run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    import sys
+
+    from sglang_histospec.core.bench_index import IndexBenchConfig, run_index_bench
+
+    for name in ("prompts", "responses", "length", "steps", "vocab"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name}={getattr(args, name)}: expected an int >= 1")
+    if not 0.0 <= args.similarity <= 1.0:
+        raise SystemExit(f"--similarity={args.similarity}: expected a float in [0, 1]")
+    cfg = IndexBenchConfig(
+        prompts=args.prompts,
+        responses=args.responses,
+        length=args.length,
+        similarity=args.similarity,
+        vocab=args.vocab,
+        budget=args.budget,
+        steps=args.steps,
+        sources=tuple(s.strip() for s in args.sources.split(",") if s.strip()),
+        tree=not args.chain,
+        seed=args.seed,
+    )
+
+    def progress(msg: str) -> None:
+        print(f"[bench index] {msg}", file=sys.stderr, flush=True)
+
+    result = run_index_bench(cfg, backend="native", progress=progress)
+    if args.reference_prompts > 0:
+        small = dataclasses.replace(cfg, prompts=args.reference_prompts, length=args.reference_length, steps=16)
+        progress(f"side by side: {small.prompts} prompts x {small.responses} x {small.length} tokens")
+        for backend in ("python", "native"):
+            r = run_index_bench(small, backend=backend, progress=progress)
+            for key in ("ingest_tokens_per_s", "draft_us_p50", "draft_us_p99", "call_us_per_request_p50", "tau"):
+                result[f"reference_{backend}_{key}"] = r[key]
+        result["reference_history_tokens_per_prompt"] = small.responses * small.length
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:45s} {v}")
+    return 0

@@ -1,0 +1,177 @@
+"""Synthetic benchmark of a history-index backend (``histospec bench index``); numpy only, no engine.
+
+It drives the backend interface of ``docs/drafting.md`` section 9 directly (``set_history``, ``start``,
+``extend``, ``draft_batch``), which is what the facade calls after validating its input.
+
+Example::
+
+    >>> from sglang_histospec.core.bench_index import IndexBenchConfig, run_index_bench
+    >>> r = run_index_bench(IndexBenchConfig(prompts=2, responses=4, length=64, steps=4), backend="python")
+    >>> r["history_tokens_per_prompt"], r["batch"]
+    (256, 2)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_histospec.core.reference import WEIGHT_ONE, ReferenceIndex
+
+PROMPT_LEN = 16
+"""Prompt length of every synthetic prompt."""
+PROMPT_TAIL = 4
+"""Prompt tokens placed before every history response (DrafterConfig.prompt_tail's default)."""
+
+
+@dataclass(slots=True)
+class IndexBenchConfig:
+    """Shape of the synthetic workload; every field is a flag of ``histospec bench index``."""
+
+    prompts: int = 256
+    """Prompts; one decoding request per prompt, so also the batch size."""
+    responses: int = 16
+    """History responses per prompt."""
+    length: int = 8192
+    """Tokens per response."""
+    similarity: float = 0.9
+    """Per-token probability that a response copies its prompt's base response (else a random token)."""
+    vocab: int = 32000
+    """Token ids lie in [0, vocab)."""
+    budget: int = 16
+    """Draft budget per request-step."""
+    steps: int = 64
+    """Decode steps measured."""
+    sources: tuple[str, ...] = ("history", "siblings", "self")
+    """Draft sources."""
+    tree: bool = True
+    """Tree (True) or chain drafts."""
+    seed: int = 0
+    """Seed of the generator."""
+    min_match: int = 1
+    """DrafterConfig.min_match."""
+    max_match: int = 32
+    """DrafterConfig.max_match."""
+    min_prob: float = 0.1
+    """DrafterConfig.min_prob."""
+
+
+def _make_backend(cfg: IndexBenchConfig, backend: str):
+    kwargs = dict(
+        min_match=cfg.min_match,
+        max_match=cfg.max_match,
+        tree=cfg.tree,
+        min_prob=cfg.min_prob,
+        use_frequency=True,
+        sources=cfg.sources,
+    )
+    if backend == "python":
+        return ReferenceIndex(**kwargs)
+    from sglang_histospec.core.native import NativeIndex
+
+    return NativeIndex(**kwargs)
+
+
+def _sample(base: np.ndarray, similarity: float, vocab: int, rng: np.random.Generator) -> np.ndarray:
+    """A response that copies ``base`` token by token with probability ``similarity``."""  # [len(base)] int32
+    noise = rng.integers(0, vocab, size=base.shape, dtype=np.int32)
+    return np.where(rng.random(base.shape) < similarity, base, noise).astype(np.int32)
+
+
+def accepted_length(tokens: list[int], parents: list[int], truth: np.ndarray) -> int:
+    """Longest root path of the draft whose tokens equal ``truth`` (the realized continuation)."""
+    children: dict[tuple[int, int], int] = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
+    node, k = -1, 0
+    while k < len(truth):
+        nxt = children.get((node, int(truth[k])))
+        if nxt is None:
+            break
+        node, k = nxt, k + 1
+    return k
+
+
+def run_index_bench(
+    cfg: IndexBenchConfig, backend: str = "native", progress: Callable[[str], None] | None = None
+) -> dict:
+    """Run the workload on one backend ("native" or "python"); returns the figures as a dict."""
+    say = progress or (lambda msg: None)
+    rng = np.random.default_rng(cfg.seed)
+    index = _make_backend(cfg, backend)
+    base_memory = index.memory_bytes()
+    prompts, truths = [], []
+    ingest_s, history_tokens = 0.0, 0
+    say(f"{backend}: ingest {cfg.prompts} prompts x {cfg.responses} responses x {cfg.length} tokens")
+    for p in range(cfg.prompts):
+        prompt = rng.integers(0, cfg.vocab, size=PROMPT_LEN, dtype=np.int32)
+        base = (rng.zipf(1.1, size=cfg.length) % cfg.vocab).astype(np.int32)
+        tail = prompt[-PROMPT_TAIL:]
+        seqs = [np.concatenate([tail, _sample(base, cfg.similarity, cfg.vocab, rng)]) for _ in range(cfg.responses)]
+        t0 = time.perf_counter()
+        index.set_history(f"p{p}", seqs, [WEIGHT_ONE] * len(seqs))
+        ingest_s += time.perf_counter() - t0
+        history_tokens += sum(len(s) for s in seqs)
+        prompts.append(prompt)
+        truths.append(_sample(base, cfg.similarity, cfg.vocab, rng))
+        if (p + 1) % max(1, cfg.prompts // 8) == 0:
+            say(
+                f"{backend}: ingested {p + 1}/{cfg.prompts} prompts ({history_tokens / max(ingest_s, 1e-9):,.0f} tok/s)"
+            )
+    memory = index.memory_bytes() - base_memory
+
+    ids = [f"r{p}" for p in range(cfg.prompts)]
+    for p, rid in enumerate(ids):
+        index.start(rid, f"p{p}", prompts[p].tolist())
+    pos = [0] * cfg.prompts
+    per_request_us: list[float] = []
+    call_us: list[float] = []
+    emitted = request_steps = 0
+    timed = getattr(getattr(index, "_impl", None), "draft_batch_timed", None)
+    for step in range(cfg.steps):
+        live = [p for p in range(cfg.prompts) if pos[p] < cfg.length]
+        if not live:
+            break
+        batch_ids, budgets = [ids[p] for p in live], [cfg.budget] * len(live)
+        t0 = time.perf_counter()
+        if timed is not None:
+            drafts, ns = timed(batch_ids, budgets)
+            per_request_us.extend(x / 1000.0 for x in ns)
+        else:  # the reference: time each request's call
+            drafts = []
+            for rid in batch_ids:
+                t1 = time.perf_counter()
+                drafts.extend(index.draft_batch([rid], [cfg.budget]))
+                per_request_us.append((time.perf_counter() - t1) * 1e6)
+        call_us.append((time.perf_counter() - t0) * 1e6 / len(live))
+        for p, (toks, parents, _, _, _) in zip(live, drafts):
+            truth = truths[p][pos[p] :]
+            k = min(accepted_length(toks, parents, truth) + 1, len(truth))
+            index.extend(ids[p], truth[:k].tolist())
+            pos[p] += k
+            emitted += k
+            request_steps += 1
+        if (step + 1) % max(1, cfg.steps // 4) == 0:
+            say(f"{backend}: step {step + 1}/{cfg.steps}, p50 {np.percentile(per_request_us, 50):.2f} us")
+    for rid in ids:
+        index.remove_request(rid)
+    us = np.asarray(per_request_us)
+    return {
+        "backend": backend,
+        "ingest_tokens_per_s": history_tokens / ingest_s,
+        "draft_us_p50": float(np.percentile(us, 50)),
+        "draft_us_p99": float(np.percentile(us, 99)),
+        "draft_us_mean": float(us.mean()),
+        "call_us_per_request_p50": float(np.percentile(call_us, 50)),
+        "bytes_per_token": memory / history_tokens,
+        "batch": cfg.prompts,
+        "history_tokens_per_prompt": history_tokens // cfg.prompts,
+        "history_tokens": history_tokens,
+        "request_steps": request_steps,
+        "tau": emitted / max(1, request_steps),
+        "budget": cfg.budget,
+        "similarity": cfg.similarity,
+        "sources": ",".join(cfg.sources),
+        "tree": cfg.tree,
+    }
