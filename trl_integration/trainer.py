@@ -1,0 +1,161 @@
+"""``HistoSpecGRPOTrainer``: TRL's ``GRPOTrainer`` whose rollouts run on HistoSpec rollout servers.
+
+What changes against ``GRPOTrainer`` (everything else, batching, gradient accumulation, ``num_iterations`` reuse, the
+loss, is TRL's own code):
+
+- generation: ``HistoSpecGeneration`` takes TRL's ``vllm_generation`` slot, so TRL itself decides when to sync weights
+  (before a generation, when ``global_step`` changed) and applies its importance-sampling correction with the
+  servers' per-token logprobs (``vllm_importance_sampling_*`` settings apply unchanged);
+- prompt ids: each row's ``prompt_id_column`` (or a stable hash of its prompt) goes with its requests;
+- history: after the rewards of a generation are known, its responses and rewards are gathered across ranks and
+  pushed per prompt id to every server (``/histospec/history``, step = the weights' global step);
+- metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``, ``histospec/accepted_tokens``
+  (this generation, all ranks) and ``histospec/history_tokens``, ``histospec/history_prompts`` (server, main process).
+
+Example::
+
+    args = HistoSpecGRPOConfig(output_dir="out", rollout_urls=["http://127.0.0.1:30000"])
+    trainer = HistoSpecGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
+                                   processing_class=tokenizer)
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+
+from trl_integration.config import HistoSpecGRPOConfig
+from trl_integration.generation import GenerationRecord, HistoSpecGeneration, sampling_from_trainer
+from trl_integration.prompt_ids import resolve_prompt_ids
+from trl_integration.servers import RolloutServers
+from trl_integration.weight_sync import DiskWeightSync, DistributedSyncConfig, DistributedWeightSync
+
+
+class HistoSpecGRPOTrainer(GRPOTrainer):
+    """Drop-in ``GRPOTrainer`` (same constructor) that needs a ``HistoSpecGRPOConfig``.
+
+    Attributes added: ``servers`` (``RolloutServers``), ``histospec`` (the generation backend; ``histospec.records``,
+    ``histospec.synced_steps``), ``history_pushes`` (list of ``(step, responses pushed)`` on the main process).
+    """
+
+    def __init__(self, model: Any, reward_funcs: Any = None, args: HistoSpecGRPOConfig | None = None, **kwargs: Any):
+        if not isinstance(args, HistoSpecGRPOConfig):
+            raise ValueError(
+                f"args is a {type(args).__name__}; HistoSpecGRPOTrainer needs a HistoSpecGRPOConfig "
+                "(GRPOConfig fields plus rollout_urls=[...])"
+            )
+        super().__init__(model, reward_funcs, args, **kwargs)
+        self.servers = RolloutServers(args.rollout_urls, args.request_timeout, args.rollout_admin_api_key)
+        if args.check_tokenizer:
+            vocab = getattr(self.accelerator.unwrap_model(self.model).config, "vocab_size", None)
+            self.servers.check(self._tokenizer, vocab, ready_timeout=args.server_ready_timeout)
+        else:
+            self.servers.wait_until_ready(args.server_ready_timeout)
+        main = self.accelerator.is_main_process
+        if args.weight_sync == "disk":
+            weight_sync: Any = DiskWeightSync(self.servers if main else None, args.weight_sync_dir)
+        else:
+            weight_sync = DistributedWeightSync(
+                self.servers if main else None,
+                DistributedSyncConfig(
+                    master_address=args.weight_sync_master_address,
+                    master_port=args.weight_sync_master_port,
+                    backend=args.weight_sync_backend,
+                ),
+            )
+        self._histospec_row_ids: list[str] | None = None
+        self._histospec_rewards: torch.Tensor | None = None
+        self.history_pushes: list[tuple[int, int]] = []
+        self.histospec = HistoSpecGeneration(
+            self.servers,
+            weight_sync,
+            self.accelerator,
+            model_fn=lambda: self.model,
+            step_fn=lambda: self.state.global_step,
+            sampling=sampling_from_trainer(self),
+            prompt_ids_fn=lambda: self._histospec_row_ids,
+        )
+        # TRL's vLLM server path, with our backend: lazy weight sync keyed on global_step + IS correction.
+        self.use_vllm = True
+        self.vllm_mode = "server"
+        self.vllm_generation = self.histospec
+        self._last_loaded_step = -1
+
+    # ---- TRL override points -----------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        args: HistoSpecGRPOConfig = self.args  # type: ignore[assignment]
+        self._histospec_row_ids = resolve_prompt_ids(inputs, args.prompt_id_column, args.hash_prompt_ids)
+        self._histospec_rewards = None
+        self.histospec.records = []
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        records, self.histospec.records = self.histospec.records, []
+        if records:  # a rollout_func of the user's may have generated instead
+            self._log_speculation(records, mode)
+            if mode == "train" and args.push_history and self._histospec_rewards is not None:
+                self._push_history(records[0])
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: ANN001 - TRL's names
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._histospec_rewards = rewards  # [N_global, n_reward_funcs], gathered over ranks by TRL
+        return rewards
+
+    # ---- history and metrics -----------------------------------------------------------------------------
+    def _push_history(self, record: GenerationRecord) -> None:
+        """Gather (prompt id, prompt, response) over ranks; the main process pushes them with their rewards."""
+        assert self._histospec_rewards is not None
+        local = [
+            (pid, prompt, c.completion_ids)
+            for pid, prompt, c in zip(record.prompt_ids, record.prompt_token_ids, record.completions)
+        ]
+        gathered = gather_object(local)
+        weights = self.reward_weights.to(self._histospec_rewards.device)
+        per_sample = (self._histospec_rewards * weights.unsqueeze(0)).nansum(dim=1).tolist()
+        if not self.accelerator.is_main_process:
+            return
+        if len(per_sample) != len(gathered):  # tool loops or uneven batches: push without rewards
+            per_sample = [math.nan] * len(gathered)
+        entries: dict[str, dict[str, Any]] = {}
+        for (pid, prompt, response), reward in zip(gathered, per_sample):
+            if pid is None or not response:
+                continue
+            entry = entries.setdefault(
+                pid, {"prompt_id": pid, "responses": [], "rewards": [], "prompt_tokens": prompt}
+            )
+            entry["responses"].append(list(response))
+            entry["rewards"].append(float(reward))
+        for entry in entries.values():
+            if any(not math.isfinite(r) for r in entry["rewards"]):
+                entry["rewards"] = None
+        step = max(int(self._last_loaded_step), 0)
+        pushed = self.servers.push_history(step, list(entries.values()))
+        self.history_pushes.append((step, pushed))
+        totals: dict[str, float] = defaultdict(float)
+        for stats in self.servers.stats():
+            history = stats.get("history", {})
+            totals["history_tokens"] += float(history.get("history_tokens", 0))
+            totals["history_prompts"] += float(history.get("prompts", 0))
+        for key, value in totals.items():
+            self._metrics["train"][f"histospec/{key}"].append(value / len(self.servers.urls))
+
+    def _log_speculation(self, records: list[GenerationRecord], mode: str) -> None:
+        """tau and acceptance of this generation over all ranks (a collective: every rank calls it)."""
+        local = torch.zeros(4, dtype=torch.float64)
+        for record in records:
+            for c in record.completions:
+                local += torch.tensor(
+                    [len(c.completion_ids), c.verify_steps, c.drafted, c.accepted], dtype=torch.float64
+                )
+        total = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, 4).sum(dim=0).tolist()
+        tokens, verify, drafted, accepted = total
+        self._metrics[mode]["histospec/tau"].append(tokens / verify if verify else 1.0)
+        self._metrics[mode]["histospec/accept_rate"].append(accepted / drafted if drafted else 0.0)
+        self._metrics[mode]["histospec/drafted_tokens"].append(drafted)
+        self._metrics[mode]["histospec/accepted_tokens"].append(accepted)
