@@ -14,8 +14,10 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +65,8 @@ class AppConfig:
     """When set, admin routes (history, end_step, weights, flush) need ``Authorization: Bearer KEY``."""
     max_request_bytes: int = 64 * 2**20
     """Larger request bodies get HTTP 413 (split big history pushes; the client does)."""
+    disconnect_poll_s: float = 0.5
+    """How often a waiting /generate checks whether its client went away (then its requests are aborted)."""
 
 
 def error_body(message: str, field: str | None = None) -> dict[str, Any]:
@@ -218,10 +222,20 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
     admin = [Depends(require_admin)]
 
     @app.post("/generate")
-    async def generate(body: GenerateBody) -> Response:
+    async def generate(body: GenerateBody, request: Request) -> Response:
         limits = backend.limits()
         inputs = to_generation_inputs(body, limits, backend.tokenize if limits.has_tokenizer else None)
-        outputs = await backend.generate(inputs)
+        for item in inputs:
+            item.rid = item.rid or uuid.uuid4().hex
+        task = asyncio.ensure_future(backend.generate(inputs))
+        while not task.done():
+            await asyncio.wait({task}, timeout=config.disconnect_poll_s)
+            if not task.done() and await request.is_disconnected():
+                # nobody will read the answer: stop the work (aborted requests finish with what they have)
+                await backend.abort([item.rid for item in inputs if item.rid is not None])
+                await asyncio.wait({task})
+                counters.add("client_disconnects")
+        outputs = task.result()
         for out in outputs:
             counters.observe(
                 prompt_tokens=out.prompt_tokens,

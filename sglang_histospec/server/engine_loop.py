@@ -165,7 +165,7 @@ class EngineLoop:
         out: list[_Command] = []
         while self._queue:
             cmd = self._queue[0]
-            if cmd.barrier and (out or self.engine.has_unfinished() or self._pending):
+            if cmd.barrier and (out or self.engine.has_unfinished()):
                 break
             out.append(self._queue.popleft())
             if cmd.barrier:

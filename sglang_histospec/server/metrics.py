@@ -34,6 +34,8 @@ class ServerCounters:
     accepted_tokens: int = 0
     bad_requests: int = 0
     """Requests answered with a 4xx."""
+    client_disconnects: int = 0
+    """/generate calls whose client went away before the answer (their requests were aborted)."""
     history_pushes: int = 0
     history_responses_pushed: int = 0
     weight_updates: int = 0
@@ -89,6 +91,8 @@ _COUNTER_METRICS = (
     ("histospec_accepted_tokens_total", "counter", "Draft tokens accepted (bonus tokens excluded).",
      "accepted_tokens"),
     ("histospec_bad_requests_total", "counter", "Requests answered with a 4xx status.", "bad_requests"),
+    ("histospec_client_disconnects_total", "counter", "Generate calls abandoned by their client (aborted).",
+     "client_disconnects"),
     ("histospec_history_pushes_total", "counter", "POST /histospec/history calls applied.", "history_pushes"),
     ("histospec_history_responses_pushed_total", "counter", "Responses added by history pushes.",
      "history_responses_pushed"),

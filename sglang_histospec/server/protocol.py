@@ -124,6 +124,10 @@ class Backend(Protocol):
 
     async def generate(self, requests: list[GenerationInput]) -> list[GenerationOutput]: ...
 
+    async def abort(self, rids: list[str]) -> None:
+        """Abort these requests if they still run; their ``generate`` call returns them with finish type abort."""
+        ...
+
     async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
         """Add the entries between engine steps; returns the number of responses added."""
         ...

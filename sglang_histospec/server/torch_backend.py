@@ -186,6 +186,9 @@ class TorchBackend:
             weight_version=self._weight_version,
         )
 
+    async def abort(self, rids: list[str]) -> None:
+        await self._call(lambda engine: [engine.abort(r) for r in rids])
+
     async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
         def apply(engine: Any) -> int:
             return sum(
