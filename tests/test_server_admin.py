@@ -1,0 +1,181 @@
+"""Admin side of the real rollout server: auth, weight updates from disk, steps, history snapshots across a
+restart, and the ``histospec serve`` command in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from sglang_histospec import cli
+from sglang_histospec.server.client import HistoSpecClient, ServerError
+from sglang_histospec.server.launch import free_port
+from sglang_histospec.server.torch_backend import SNAPSHOT_NAME, TorchBackend, TorchBackendConfig
+from tests.server_harness import ServerThread, shared_tiny_model_dir
+from tests.tiny import make_tiny_model_dir
+
+KEY = "test-admin-key"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> str:
+    return shared_tiny_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory) -> str:
+    """Same shapes as ``tiny_model_dir``, other weights."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("other") / "m", arch="llama", vocab_size=64, seed=1)
+
+
+def _hf_greedy(model_dir: str, prompt: list[int], n: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_admin_routes_need_the_key(tiny_model_dir):
+    with ServerThread(tiny_model_dir, admin_api_key=KEY) as srv:
+        push = {"step": 0, "entries": [{"prompt_id": "a", "responses": [[4, 5, 6]]}]}
+        admin_calls = [
+            ("/histospec/history", push),
+            ("/histospec/end_step", {"step": None}),
+            ("/update_weights_from_disk", {"model_path": tiny_model_dir}),
+            ("/flush_cache", None),
+        ]
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            for path, body in admin_calls:
+                r = httpx.post(srv.url + path, json=body, headers=headers)
+                assert r.status_code == 401, (path, headers, r.text)
+                assert "Authorization" in r.json()["error"]["message"]
+        assert srv.client.stats()["history"]["history_tokens"] == 0
+        # open routes need no key
+        assert httpx.post(srv.url + "/generate", json={"input_ids": [1, 5], "sampling_params": {"max_new_tokens": 2}})
+        for path in ("/health", "/histospec/stats", "/metrics", "/get_model_info"):
+            assert httpx.get(srv.url + path).status_code == 200, path
+        # the client sends the key
+        assert srv.client.push_history(0, push["entries"]) == 1
+        srv.client.flush_cache()
+        srv.client.end_step(None)
+        assert srv.client.stats()["history"]["history_tokens"] > 0
+        with pytest.raises(ServerError) as e:
+            HistoSpecClient(srv.url).push_history(0, push["entries"])
+        assert e.value.status == 401
+
+
+def test_weight_update_from_disk_then_new_weights(tiny_model_dir, other_model_dir, tmp_path):
+    prompt = [1, 8, 9, 10, 11]
+    kw = dict(max_new_tokens=8, temperature=0, ignore_eos=True)
+    with ServerThread(tiny_model_dir, admin_api_key=KEY) as srv:
+        c = srv.client
+        assert c.generate([prompt], **kw)[0]["output_ids"] == _hf_greedy(tiny_model_dir, prompt, 8)
+        c.push_history(0, [{"prompt_id": "pushed", "responses": [[4, 5, 6, 7]]}])
+        c.generate([prompt], prompt_ids=["recorded"], **kw)  # recorded by the server in the open step
+        before = c.stats()["history"]
+        assert before["siblings"] == 1
+        reply = c.update_weights_from_disk(other_model_dir, weight_version="1")
+        assert reply["success"] is True and reply["num_paused_requests"] == 0
+        assert c.model_info()["weight_version"] == "1"
+        out = c.generate([prompt], **kw)[0]
+        assert out["output_ids"] == _hf_greedy(other_model_dir, prompt, 8)
+        assert out["meta_info"]["weight_version"] == "1"
+        after = c.stats()["history"]
+        # the history survives; the weight update closed the step, so the recorded response became history
+        assert after["prompts"] == before["prompts"] + 1 and after["history_tokens"] > before["history_tokens"]
+        assert (after["siblings"], after["open_step"]) == (0, before["open_step"] + 1)
+        # a checkpoint with other shapes is refused and the current weights stay
+        bad = make_tiny_model_dir(tmp_path / "bad", arch="llama", vocab_size=80, seed=2)
+        r = httpx.post(
+            srv.url + "/update_weights_from_disk",
+            json={"model_path": bad},
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
+        assert r.status_code == 400 and r.json()["success"] is False
+        assert c.generate([prompt], **kw)[0]["output_ids"] == out["output_ids"]
+        assert c.stats()["history"]["history_tokens"] == after["history_tokens"]
+
+
+def test_pushed_step_is_not_counted_twice(tiny_model_dir):
+    prompt = [1, 8, 9]
+    with ServerThread(tiny_model_dir) as srv:
+        c = srv.client
+        c.update_weights_from_disk(tiny_model_dir, weight_version="7")
+        out = c.generate([prompt], prompt_ids=["dd"], max_new_tokens=6, temperature=0, ignore_eos=True)[0]
+        assert c.stats()["history"]["siblings"] == 1
+        # the trainer pushes the same response for the step it was generated under (weight version 7)
+        assert c.push_history(7, [{"prompt_id": "dd", "responses": [out["output_ids"]]}]) == 1
+        pushed = c.stats()["history"]["history_tokens"]
+        c.update_weights_from_disk(tiny_model_dir, weight_version="8")  # closes step 7: already covered
+        assert c.stats()["history"]["history_tokens"] == pushed
+        # explicit end_step: recorded responses of a prompt without a push become history
+        c.generate([prompt], prompt_ids=["es"], max_new_tokens=6, temperature=0, ignore_eos=True)
+        c.end_step(20)
+        stats = c.stats()["history"]
+        assert stats["history_tokens"] > pushed and stats["open_step"] == 21
+
+
+def test_history_restored_after_restart(tiny_model_dir, tmp_path):
+    hdir = str(tmp_path / "hist")
+    prompt = [1, 12, 13, 14]
+    with ServerThread(tiny_model_dir, history_dir=hdir, snapshot_debounce_s=0.1) as srv:
+        ref = srv.client.generate([prompt], max_new_tokens=16, temperature=0, ignore_eos=True)[0]["output_ids"]
+        srv.client.push_history(2, [{"prompt_id": "r", "responses": [ref], "prompt_tokens": prompt}])
+        deadline = time.monotonic() + 10
+        while not os.path.exists(os.path.join(hdir, SNAPSHOT_NAME)):  # debounced snapshot after the push
+            assert time.monotonic() < deadline, "no snapshot after a push"
+            time.sleep(0.05)
+        srv.client.generate([prompt], prompt_ids=["sib"], max_new_tokens=4, temperature=0)
+        saved = srv.client.stats()["history"]
+    with ServerThread(tiny_model_dir, history_dir=hdir) as srv:
+        restored = srv.client.stats()["history"]
+        for key in ("prompts", "history_tokens", "open_step", "siblings"):
+            assert restored[key] == saved[key], key
+        out = srv.client.generate([prompt], prompt_ids=["r"], max_new_tokens=16, temperature=0, ignore_eos=True)[0]
+        assert out["output_ids"] == ref
+        assert out["meta_info"]["spec_accept_token_num"] > 0
+    with open(os.path.join(hdir, SNAPSHOT_NAME), "wb") as f:
+        f.write(b"garbage")
+    with pytest.raises(ValueError, match="move it away"):
+        TorchBackend(TorchBackendConfig(engine=srv.backend.config.engine, history_dir=hdir))
+
+
+def test_serve_refuses_public_host_without_key_and_unknown_backend(capsys):
+    assert cli.main(["serve", "--model", "/nonexistent", "--host", "0.0.0.0"]) == 2
+    assert "--admin-api-key" in capsys.readouterr().err
+    if not os.path.exists(os.path.join(os.path.dirname(cli.__file__), "plugin", "serve.py")):
+        assert cli.main(["serve", "--model", "/nonexistent", "--backend", "sglang"]) == 2
+        assert "plugin.serve" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ~25 s: a fresh interpreter imports torch and transformers
+def test_serve_command_in_a_subprocess(tiny_model_dir, tmp_path):
+    port = free_port()
+    hdir = tmp_path / "h"
+    cmd = [sys.executable, "-m", "sglang_histospec.cli", "serve", "--model", tiny_model_dir, "--port", str(port)]
+    cmd += ["--history-dir", str(hdir), "--speculative-algorithm", "NONE", "--device", "cpu", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        with HistoSpecClient(f"http://127.0.0.1:{port}") as c:
+            c.wait_until_ready(timeout=120)
+            out = c.generate([[1, 5, 6]], max_new_tokens=3, temperature=0, prompt_ids=["s"])[0]
+            assert out["meta_info"]["spec_draft_token_num"] == 0 and len(out["output_ids"]) <= 3
+            assert c.push_history(0, [{"prompt_id": "s", "responses": [[5, 6]]}]) == 1
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn shuts down gracefully, then re-raises the signal (exit status -SIGTERM)
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+        assert (hdir / SNAPSHOT_NAME).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
