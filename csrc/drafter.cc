@@ -329,14 +329,16 @@ bool Drafter::draft_from_index(const Index& index, Request& req, MatchCache& cac
   // 1. The longest suffix (<= cap) that occurs: advance the cached state by the new tokens when possible.
   int32_t len = -1;
   Range range;
-  int32_t upper = cap;  // the longest occurring suffix is at most this
+  int32_t upper = cap;    // the longest occurring suffix is at most this
+  bool mismatch = false;  // the cached match was lost: the new longest match is usually short
   if (cache.index_id == index.id() && cache.ctx_len <= n) {
     len = cache.len;
     range = cache.range;
     for (int64_t k = cache.ctx_len; k < n; ++k) {
-      const Range next = len == 0 ? index.child(index.all(), 0, c[k]) : index.child(range, len, c[k]);
+      const Range next = len == 0 ? index.first(c[k]) : index.child(range, len, c[k]);
       if (next.empty() || len + 1 > cfg_.max_match) {
-        upper = static_cast<int32_t>(std::min<int64_t>(cap, len + (n - k - (next.empty() ? 1 : 0))));
+        mismatch = next.empty();
+        upper = static_cast<int32_t>(std::min<int64_t>(cap, len + (n - k - (mismatch ? 1 : 0))));
         len = -1;
         break;
       }
@@ -345,24 +347,36 @@ bool Drafter::draft_from_index(const Index& index, Request& req, MatchCache& cac
     }
   }
   if (len < 0) {
-    // Occurrence is monotone in the length: binary search the largest occurring length in [0, upper].
+    // Occurrence is monotone in the length. Invariant: length lo occurs (rows lo_range), lengths > hi do not.
     int32_t lo = 0, hi = upper;
     Range lo_range = index.all();
-    const Range top = find_suffix(hi);
-    if (!top.empty()) {
-      lo = hi;
-      lo_range = top;
-    } else {
-      --hi;
-      while (lo < hi) {
-        const int32_t mid = lo + (hi - lo + 1) / 2;
-        const Range r = find_suffix(mid);
+    if (mismatch) {  // exponential search upwards from length 1
+      for (int32_t probe = 1; probe <= hi; probe *= 2) {
+        const Range r = find_suffix(probe);
         if (r.empty()) {
-          hi = mid - 1;
-        } else {
-          lo = mid;
-          lo_range = r;
+          hi = probe - 1;
+          break;
         }
+        lo = probe;
+        lo_range = r;
+      }
+    } else if (hi > 0) {  // sliding window at max_match, or a fresh state: the longest length usually occurs
+      const Range top = find_suffix(hi);
+      if (top.empty()) {
+        --hi;
+      } else {
+        lo = hi;
+        lo_range = top;
+      }
+    }
+    while (lo < hi) {
+      const int32_t mid = lo + (hi - lo + 1) / 2;
+      const Range r = find_suffix(mid);
+      if (r.empty()) {
+        hi = mid - 1;
+      } else {
+        lo = mid;
+        lo_range = r;
       }
     }
     len = lo;

@@ -79,16 +79,34 @@ std::shared_ptr<const Index> Index::build(const std::vector<Span>& seqs, const s
   }
   // The first num_seqs rows are the suffixes that start at a SEP (the smallest character): drop them.
   x.sa_.erase(x.sa_.begin(), x.sa_.begin() + num_seqs);
-  x.sa_.shrink_to_fit();
   const int32_t rows = static_cast<int32_t>(x.sa_.size());
-  {
-    // Weight of each text position = weight of its sequence; then prefix sums in suffix-array order.
-    std::vector<int64_t> pos_weight(n, 0);
+  x.wsum_.resize(static_cast<size_t>(rows) + 1);
+  x.wsum_[0] = 0;
+  if (std::all_of(weights.begin(), weights.end(), [&](int64_t w) { return w == weights[0]; })) {
+    for (int32_t i = 0; i < rows; ++i) x.wsum_[i + 1] = x.wsum_[i] + weights[0];
+  } else {
+    // Prefix sums of the weight of each row's sequence (the sequence of each text position in a scratch array).
+    std::vector<int32_t> seq_of(n);
     for (int32_t s = 0; s < num_seqs; ++s)
-      std::fill(pos_weight.begin() + x.seq_start_[s], pos_weight.begin() + x.seq_start_[s + 1], weights[s]);
-    x.wsum_.resize(static_cast<size_t>(rows) + 1);
-    x.wsum_[0] = 0;
-    for (int32_t i = 0; i < rows; ++i) x.wsum_[i + 1] = x.wsum_[i] + pos_weight[x.sa_[i]];
+      std::fill(seq_of.begin() + x.seq_start_[s], seq_of.begin() + x.seq_start_[s + 1], s);
+    for (int32_t i = 0; i < rows; ++i) x.wsum_[i + 1] = x.wsum_[i] + weights[seq_of[x.sa_[i]]];
+  }
+  // First-token table: open addressing, token -> rows of the suffixes that start with it.
+  {
+    int32_t groups = 0;
+    for (int32_t i = 0; i < rows; ++i) groups += (i == 0 || x.token_at(i, 0) != x.token_at(i - 1, 0));
+    uint32_t cap = 8;
+    while (cap < 2u * static_cast<uint32_t>(groups)) cap <<= 1;
+    x.first_.assign(cap, FirstEntry{SEP, 0, 0});
+    x.first_mask_ = cap - 1;
+    for (int32_t i = 0; i < rows;) {
+      const int32_t t = x.token_at(i, 0);
+      const int32_t end = x.group_end(i, rows, 0);
+      uint32_t h = hash_token(t) & x.first_mask_;
+      while (x.first_[h].token != SEP) h = (h + 1) & x.first_mask_;
+      x.first_[h] = {t, i, end};
+      i = end;
+    }
   }
   if (with_max && rows > 0) {
     const int32_t nb = (rows + kBlock - 1) / kBlock;
@@ -171,16 +189,26 @@ Range Index::child(Range r, int32_t depth, int32_t token) const {
   return {first, a};
 }
 
+Range Index::first(int32_t token) const {
+  for (uint32_t h = hash_token(token) & first_mask_;; h = (h + 1) & first_mask_) {
+    const FirstEntry& e = first_[h];
+    if (e.token == token) return {e.lo, e.hi};
+    if (e.token == SEP) return {0, 0};
+  }
+}
+
 Range Index::find(const int32_t* pattern, int32_t m) const {
-  Range r = all();
-  for (int32_t j = 0; j < m && !r.empty(); ++j) r = child(r, j, pattern[j]);
+  if (m == 0) return all();
+  Range r = first(pattern[0]);
+  for (int32_t j = 1; j < m && !r.empty(); ++j) r = child(r, j, pattern[j]);
   return r;
 }
 
 size_t Index::memory_bytes() const {
   return sizeof(Index) + text_.capacity() * sizeof(int32_t) + sa_.capacity() * sizeof(int32_t) +
          wsum_.capacity() * sizeof(int64_t) + seq_start_.capacity() * sizeof(int64_t) +
-         seq_weight_.capacity() * sizeof(int64_t) + block_max_.capacity() * sizeof(int64_t);
+         seq_weight_.capacity() * sizeof(int64_t) + block_max_.capacity() * sizeof(int64_t) +
+         first_.capacity() * sizeof(FirstEntry);
 }
 
 std::string Index::check_integrity() const {
@@ -219,6 +247,16 @@ std::string Index::check_integrity() const {
       CHECK_OR_RETURN(text_[q + k] <= text_[p + k]);
     }
   }
+  int32_t groups = 0;
+  for (int32_t i = 0; i < num_rows(); ++i) {
+    if (i > 0 && token_at(i, 0) == token_at(i - 1, 0)) continue;
+    ++groups;
+    const Range r = first(token_at(i, 0));
+    CHECK_OR_RETURN(r.lo == i && r.hi == group_end(i, num_rows(), 0));
+  }
+  int32_t used = 0;
+  for (const FirstEntry& e : first_) used += e.token != SEP;
+  CHECK_OR_RETURN(used == groups);
   return "";
 }
 

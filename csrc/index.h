@@ -53,6 +53,8 @@ class Index {
   uint64_t id() const { return id_; }
   // Rows of r (all sharing their first `depth` tokens) whose next token is `token`.
   Range child(Range r, int32_t depth, int32_t token) const;
+  // Rows whose suffix starts with `token` (first-token hash table, no binary search).
+  Range first(int32_t token) const;
   // Rows whose suffix starts with pattern[0..m); empty range when the pattern does not occur.
   Range find(const int32_t* pattern, int32_t m) const;
 
@@ -68,6 +70,12 @@ class Index {
   std::vector<int64_t> seq_weight_;  // [seqs]
   std::vector<int64_t> block_max_;   // [levels * blocks] sparse table of maxima over blocks of kBlock rows
   int32_t num_blocks_ = 0;
+  struct FirstEntry {
+    int32_t token, lo, hi;  // token SEP = empty slot
+  };
+  std::vector<FirstEntry> first_;    // open-addressing table: first token -> rows
+  uint32_t first_mask_ = 0;
+  static uint32_t hash_token(int32_t t) { return static_cast<uint32_t>(t) * 2654435761u >> 7; }
   uint64_t id_ = 0;                  // unique per built index (match caches compare it)
 };
 

@@ -49,34 +49,43 @@ void suffix_array(const int32_t* s, int32_t n, int32_t alphabet, int32_t* sa) {
   induce(s, n, is_s.data(), bucket, lms.data(), m, sa, ptr);
   if (m == 0) return;
 
-  // Name the LMS substrings in sorted order; equal substrings share a name.
-  std::vector<int32_t> index_of(n, -1);
-  for (int32_t k = 0; k < m; ++k) index_of[lms[k]] = k;
-  std::vector<int32_t> sorted_lms;
-  sorted_lms.reserve(m);
+  // Name the LMS substrings in sorted order; equal substrings share a name. LMS positions are at least two
+  // apart, so m <= n / 2: the sorted LMS go to sa[0, m) and the name of position p to sa[m + p / 2].
+  auto is_lms = [&](int32_t p) { return p > 0 && is_s[p] && !is_s[p - 1]; };
+  int32_t k = 0;
   for (int32_t i = 0; i < n; ++i)
-    if (sa[i] >= 0 && index_of[sa[i]] >= 0) sorted_lms.push_back(sa[i]);
-  auto end_of = [&](int32_t p) {
-    const int32_t k = index_of[p];
-    return k + 1 < m ? lms[k + 1] : n;
-  };
-  std::vector<int32_t> reduced(m, 0);
-  int32_t names = 0;
+    if (is_lms(sa[i])) sa[k++] = sa[i];
+  std::fill(sa + m, sa + n, -1);
+  int32_t names = 0, prev = -1;
   for (int32_t r = 0; r < m; ++r) {
-    const int32_t p = sorted_lms[r];
-    bool same = false;
-    if (r > 0) {
-      const int32_t q = sorted_lms[r - 1];
-      const int32_t ep = end_of(p), eq = end_of(q);
-      if (ep != n && eq != n && ep - p == eq - q) same = std::equal(s + p, s + ep + 1, s + q);
+    const int32_t p = sa[r];
+    bool diff = true;
+    if (prev >= 0) {
+      for (int32_t d = 0;; ++d) {
+        if (p + d == n || prev + d == n) break;  // the sentinel is unique
+        if (s[p + d] != s[prev + d] || is_s[p + d] != is_s[prev + d]) break;
+        if (d > 0 && (is_lms(p + d) || is_lms(prev + d))) {
+          diff = !(is_lms(p + d) && is_lms(prev + d));
+          break;
+        }
+      }
     }
-    if (!same) ++names;
-    reduced[index_of[p]] = names - 1;
+    if (diff) {
+      ++names;
+      prev = p;
+    }
+    sa[m + p / 2] = names - 1;
   }
+  std::vector<int32_t> sorted_lms(m);
   if (names < m) {
-    std::vector<int32_t> sa1(m);
-    suffix_array(reduced.data(), m, names, sa1.data());
-    for (int32_t r = 0; r < m; ++r) sorted_lms[r] = lms[sa1[r]];
+    std::vector<int32_t> reduced(m);
+    k = 0;
+    for (int32_t j = m; j < n; ++j)
+      if (sa[j] >= 0) reduced[k++] = sa[j];
+    suffix_array(reduced.data(), m, names, sa);  // sorts the reduced string into sa[0, m)
+    for (int32_t r = 0; r < m; ++r) sorted_lms[r] = lms[sa[r]];
+  } else {
+    std::copy(sa, sa + m, sorted_lms.begin());
   }
   induce(s, n, is_s.data(), bucket, sorted_lms.data(), m, sa, ptr);
 }

@@ -6,10 +6,11 @@ token). Then one request per prompt (batch = prompts) decodes a fresh response d
 drafts the whole batch (``draft_batch``, budget ``--budget``), accepts the longest draft path that matches the
 true continuation, and extends by the accepted tokens plus one bonus token, as an engine would.
 
-Figures: ``ingest_tokens_per_s`` = history tokens / time in the backend's ``set_history`` (index build on one
-core; the facade's ``add`` with Python-side validation is ``facade_ingest_tokens_per_s``); ``draft_us_p50/p99``
-= native wall time of one request's draft inside a batch call (``draft_batch_timed``), per request-step;
-``call_us_per_request_p50`` = the facade's whole ``draft_batch`` call / batch size (Python included);
+The workload drives the backend interface that the facade calls (``set_history``, ``start``, ``extend``,
+``draft_batch``). Figures: ``ingest_tokens_per_s`` = history tokens / CPU seconds of the thread running the
+backend's ``set_history`` (the index build, one core; ``ingest_tokens_per_s_wall`` = the same over wall time);
+``draft_us_p50/p99`` = wall time of one request's draft inside a batch call (``draft_batch_timed``), per
+request-step; ``call_us_per_request_p50`` = the whole ``draft_batch`` call (bindings included) / batch size;
 ``bytes_per_token`` = backend bytes / history tokens. With ``--reference-prompts`` > 0 the same measurements run
 on a small copy of the workload with the Python reference and the native index side by side (``reference_*``).
 
