@@ -86,7 +86,9 @@ def test_weight_update_from_disk_then_new_weights(tiny_model_dir, other_model_di
         assert before["siblings"] == 1
         reply = c.update_weights_from_disk(other_model_dir, weight_version="1")
         assert reply["success"] is True and reply["num_paused_requests"] == 0
-        assert c.model_info()["weight_version"] == "1"
+        info = c.model_info()
+        assert (info["weight_version"], info["model_path"]) == ("1", other_model_dir)
+        assert info["tokenizer_path"] == tiny_model_dir  # the tokenizer stays the one the server started with
         out = c.generate([prompt], **kw)[0]
         assert out["output_ids"] == _hf_greedy(other_model_dir, prompt, 8)
         assert out["meta_info"]["weight_version"] == "1"

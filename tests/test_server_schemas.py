@@ -59,6 +59,7 @@ def test_default_max_new_tokens_is_clipped_to_the_context():
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": 64}}, "sampling_params.max_new_tokens"),
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
         ({"input_ids": [1], "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+        ({"input_ids": [1], "sampling_params": {"temperature": float("nan")}}, "sampling_params.temperature"),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
         ({"input_ids": [1], "sampling_params": {"top_k": -2}}, "sampling_params.top_k"),
         ({"input_ids": [1], "sampling_params": {"n": 2}}, "sampling_params.n"),
@@ -82,6 +83,7 @@ def test_bad_generate_bodies_name_the_field(body, field):
     [
         {"input_ids": ["1"]},
         {"input_ids": [1.5]},
+        {"input_ids": [True]},
         {"input_ids": [1], "bogus": 1},
         {"input_ids": [1], "sampling_params": {"bogus": 1}},
         {"input_ids": [1], "sampling_params": {"max_new_tokens": "8"}},

@@ -175,8 +175,8 @@ def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits,
             raise FieldError(f"{where}.{name}", f"not supported by this server (only {neutral!r})")
     if sp.stop:
         raise FieldError(f"{where}.stop", "stop strings are not supported; use stop_token_ids")
-    if sp.temperature < 0:
-        raise FieldError(f"{where}.temperature", f"must be >= 0, got {sp.temperature}")
+    if not sp.temperature >= 0 or sp.temperature == float("inf"):
+        raise FieldError(f"{where}.temperature", f"must be a finite number >= 0, got {sp.temperature}")
     if not 0 < sp.top_p <= 1:
         raise FieldError(f"{where}.top_p", f"must be in (0, 1], got {sp.top_p}")
     if sp.top_k < -1:

@@ -107,7 +107,7 @@ class TorchBackend:
     def model_info(self) -> dict[str, Any]:
         return {
             "model_path": self.engine.model_path,
-            "tokenizer_path": self.engine.model_path if self._limits.has_tokenizer else None,
+            "tokenizer_path": self.config.engine.model_path if self._limits.has_tokenizer else None,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": self._weight_version,
