@@ -41,6 +41,13 @@ def test_single_and_batch_shapes():
     assert (t1.input_ids, t2.input_ids, t1.rid, t2.rid) == ([1, 5, 5], [1, 5, 5, 5], "r_0", "r_1")
 
 
+def test_sglang_hints_are_accepted_and_multimodal_inputs_refused():
+    [req] = _inputs({"input_ids": [1, 2], "routing_key": "g", "extra_key": None, "image_data": None, "priority": 1})
+    assert req.input_ids == [1, 2]
+    with pytest.raises(ValidationError, match="image_data"):
+        GenerateBody.model_validate({"input_ids": [1], "image_data": "http://x/y.png"})
+
+
 def test_default_max_new_tokens_is_clipped_to_the_context():
     [req] = _inputs({"input_ids": [1] * 60})
     assert req.max_new_tokens == 4

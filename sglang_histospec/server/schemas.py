@@ -96,6 +96,24 @@ class GenerateBody(_Strict):
     lora_path: None = None
     custom_logit_processor: None = None
     return_hidden_states: StrictBool = False
+    # SGLang fields accepted and ignored (routing, caching and logging hints that do not change the output)
+    extra_key: Any = None
+    routing_key: Any = None
+    cache_salt: Any = None
+    custom_labels: Any = None
+    log_metrics: Any = None
+    no_logs: Any = None
+    session_params: Any = None
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    data_parallel_rank: Any = None
+    routed_dp_rank: Any = None
+    # SGLang inputs this server cannot serve: accepted only when null
+    input_embeds: None = None
+    image_data: None = None
+    video_data: None = None
+    audio_data: None = None
 
 
 class HistoryEntryBody(_Strict):
