@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--speculative-algorithm", choices=("HISTOSPEC", "NONE"), default="HISTOSPEC")
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="max draft nodes per request and step")
+    parser.add_argument("--history-window", type=int, default=1, help="past steps kept per prompt (1 = last epoch)")
+    parser.add_argument("--draft-mode", choices=("tree", "chain"), default="tree", help="token tree or one path")
+    parser.add_argument("--budget-policy", choices=("paper", "released", "fixed"), default="paper")
     parser.add_argument("--history-dir", default=None, help="snapshot history here; restored at start")
     parser.add_argument("--snapshot-debounce-s", type=float, default=2.0)
     parser.add_argument(
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_torch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sglang_histospec.core import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.types import EngineConfig
     from sglang_histospec.server.app import AppConfig, create_app
     from sglang_histospec.server.launch import run_app
@@ -87,6 +91,8 @@ def _run_torch(args: argparse.Namespace) -> int:
             speculative_algorithm=args.speculative_algorithm,
             num_draft_tokens=args.num_draft_tokens,
             seed=args.seed,
+            drafter=DrafterConfig(window=args.history_window, tree=args.draft_mode == "tree"),
+            budget=BudgetConfig(policy=args.budget_policy),
         )
         backend = TorchBackend(
             TorchBackendConfig(
