@@ -256,7 +256,7 @@ def test_client_going_away_aborts_its_requests(spec, tok):
     before = spec.client.stats()
     body = {
         "input_ids": [_ids(tok, "abc")] * 3,
-        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0},
+        "sampling_params": {"max_new_tokens": 490, "ignore_eos": True, "temperature": 1.0},
     }
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(spec.url + "/generate", json=body, timeout=0.5)
