@@ -177,6 +177,55 @@ struct SelfSource {
   }
 };
 
+// Children over several index parts of one source: counts add up (or take the max) across parts.
+struct MultiSource {
+  using Parts = std::vector<std::pair<int32_t, Range>>;  // (part, rows in that part)
+  struct Node {
+    Parts parts;
+    int32_t depth;
+    int64_t w;
+  };
+  const std::vector<IndexPtr>& xs;
+  bool use_frequency;
+
+  int64_t weight(const Parts& parts) const {
+    int64_t w = 0;
+    for (const auto& [i, r] : parts) w = use_frequency ? w + xs[i]->weight(r) : std::max(w, xs[i]->max_weight(r));
+    return w;
+  }
+
+  template <class Emit>
+  void children(const Node& nd, int64_t min_w, Emit&& emit) const {
+    const int32_t d = nd.depth;
+    struct Cursor {
+      int32_t part, row, hi, token;
+    };
+    std::vector<Cursor> cur;
+    for (const auto& [i, r] : nd.parts) {
+      const Index& x = *xs[i];
+      int32_t lo = r.lo;
+      if (lo < r.hi && x.token_at(lo, d) == SEP) lo = x.group_end(lo, r.hi, d);
+      if (lo < r.hi) cur.push_back({i, lo, r.hi, x.token_at(lo, d)});
+    }
+    while (!cur.empty()) {  // k-way merge of the parts' child groups, ascending token
+      int32_t t = cur[0].token;
+      for (const Cursor& k : cur) t = std::min(t, k.token);
+      Node child{{}, d + 1, 0};
+      for (Cursor& k : cur) {
+        if (k.token != t) continue;
+        const Index& x = *xs[k.part];
+        const int32_t end = x.group_end(k.row, k.hi, d);
+        child.parts.emplace_back(k.part, Range{k.row, end});
+        k.row = end;
+        k.token = end < k.hi ? x.token_at(end, d) : -2;
+      }
+      cur.erase(std::remove_if(cur.begin(), cur.end(), [](const Cursor& k) { return k.row >= k.hi; }), cur.end());
+      child.w = weight(child.parts);
+      if (child.w >= min_w) emit(t, std::move(child));
+    }
+  }
+};
+
 double score_of(const DraftOut& d) {
   double s = 0.0;
   for (double p : d.probs) s += p;
@@ -199,27 +248,42 @@ void Drafter::set_history(const std::string& prompt_id, const std::vector<Span>&
     auto it = prompts_.find(prompt_id);
     if (it == prompts_.end()) return;
     it->second.history.reset();
-    if (it->second.siblings.empty()) prompts_.erase(it);
+    if (it->second.sibling_parts.empty()) prompts_.erase(it);
   }
 }
 
 void Drafter::add_sibling(const std::string& prompt_id, Span seq, int64_t weight) {
+  std::lock_guard writer(sibling_write_mu_);
+  std::vector<IndexPtr> parts;
+  {
+    std::shared_lock lock(prompts_mu_);
+    auto it = prompts_.find(prompt_id);
+    if (it != prompts_.end()) parts = it->second.sibling_parts;
+  }
+  // Binary counter, built without holding prompts_mu_ (readers keep drafting from the old parts).
+  parts.push_back(Index::build({seq}, {weight}, !cfg_.use_frequency));
+  while (parts.size() >= 2 && parts[parts.size() - 2]->num_seqs() == parts.back()->num_seqs()) {
+    std::vector<Span> spans;
+    std::vector<int64_t> weights;
+    for (size_t k = parts.size() - 2; k < parts.size(); ++k)
+      for (int32_t q = 0; q < parts[k]->num_seqs(); ++q) {
+        spans.push_back(parts[k]->sequence(q));
+        weights.push_back(parts[k]->seq_weight(q));
+      }
+    IndexPtr merged = Index::build(spans, weights, !cfg_.use_frequency);
+    parts.pop_back();
+    parts.back() = std::move(merged);
+  }
   std::unique_lock lock(prompts_mu_);
-  PromptEntry& e = prompts_[prompt_id];
-  e.siblings.emplace_back(seq.data, seq.data + seq.size);
-  e.sibling_weights.push_back(weight);
-  e.siblings_dirty = true;
+  prompts_[prompt_id].sibling_parts = std::move(parts);
 }
 
 void Drafter::clear_siblings() {
+  std::lock_guard writer(sibling_write_mu_);
   std::unique_lock lock(prompts_mu_);
   for (auto it = prompts_.begin(); it != prompts_.end();) {
-    PromptEntry& e = it->second;
-    e.siblings.clear();
-    e.sibling_weights.clear();
-    e.sibling_index.reset();
-    e.siblings_dirty = false;
-    if (!e.history) it = prompts_.erase(it); else ++it;
+    it->second.sibling_parts.clear();
+    if (!it->second.history) it = prompts_.erase(it); else ++it;
   }
 }
 
@@ -240,26 +304,6 @@ void Drafter::remove_global(int64_t key) {
     global_order_.erase(std::find(global_order_.begin(), global_order_.end(), key));
     global_dirty_ = true;
   }
-}
-
-IndexPtr Drafter::sibling_index(const std::string& prompt_id) {
-  {
-    std::shared_lock lock(prompts_mu_);
-    auto it = prompts_.find(prompt_id);
-    if (it == prompts_.end() || it->second.siblings.empty()) return nullptr;
-    if (!it->second.siblings_dirty) return it->second.sibling_index;
-  }
-  std::unique_lock lock(prompts_mu_);
-  auto it = prompts_.find(prompt_id);
-  if (it == prompts_.end() || it->second.siblings.empty()) return nullptr;
-  PromptEntry& e = it->second;
-  if (e.siblings_dirty) {
-    std::vector<Span> spans;
-    for (const auto& s : e.siblings) spans.push_back({s.data(), static_cast<int64_t>(s.size())});
-    e.sibling_index = Index::build(spans, e.sibling_weights, !cfg_.use_frequency);
-    e.siblings_dirty = false;
-  }
-  return e.sibling_index;
 }
 
 IndexPtr Drafter::global_index() {
@@ -320,8 +364,7 @@ void Drafter::remove_request(const std::string& req_id) {
 // ---------------------------------------------------------------------------------------------------------------
 // Drafting
 
-bool Drafter::draft_from_index(const Index& index, Request& req, MatchCache& cache, int32_t budget, DraftOut& out) {
-  const std::vector<int32_t>& c = req.ctx;
+void Drafter::longest_match(const Index& index, const std::vector<int32_t>& c, MatchCache& cache) const {
   const int64_t n = static_cast<int64_t>(c.size());
   const int32_t cap = static_cast<int32_t>(std::min<int64_t>(cfg_.max_match, n));
   auto find_suffix = [&](int32_t len) { return index.find(c.data() + (n - len), len); };
@@ -383,14 +426,50 @@ bool Drafter::draft_from_index(const Index& index, Request& req, MatchCache& cac
     range = lo_range;
   }
   cache = {index.id(), n, len, range};
+}
+
+bool Drafter::draft_from_parts(const std::vector<IndexPtr>& parts, Request& req, std::vector<MatchCache>& caches,
+                               int32_t budget, DraftOut& out) {
+  const std::vector<int32_t>& c = req.ctx;
+  const int64_t n = static_cast<int64_t>(c.size());
+  // 1. Per part, the longest occurring suffix, advanced from the cached state of the same part.
+  std::vector<MatchCache> next(parts.size());
+  int32_t longest = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (const MatchCache& mc : caches)
+      if (mc.index_id == parts[i]->id()) next[i] = mc;
+    longest_match(*parts[i], c, next[i]);
+    longest = std::max(longest, next[i].len);
+  }
+  caches.swap(next);
 
   // 2. Back off from the longest match to min_match until an expansion is non-empty.
-  IndexSource src{index, cfg_.use_frequency};
-  for (int32_t l = std::min(len, cap); l >= cfg_.min_match; --l) {
-    const Range r = l == len ? range : find_suffix(l);
-    const int64_t w = src.weight(r);
-    if (w <= 0) continue;
-    if (expand(src, IndexSource::Node{r, l, w}, budget, cfg_, out)) {
+  if (parts.size() == 1) {
+    const Index& index = *parts[0];
+    const MatchCache& mc = caches[0];
+    IndexSource src{index, cfg_.use_frequency};
+    for (int32_t l = mc.len; l >= cfg_.min_match; --l) {
+      const Range r = l == mc.len ? mc.range : index.find(c.data() + (n - l), l);
+      const int64_t w = src.weight(r);
+      if (w <= 0) continue;
+      if (expand(src, IndexSource::Node{r, l, w}, budget, cfg_, out)) {
+        out.match_len = l;
+        return true;
+      }
+    }
+    return false;
+  }
+  MultiSource src{parts, cfg_.use_frequency};
+  for (int32_t l = longest; l >= cfg_.min_match; --l) {
+    MultiSource::Node node{{}, l, 0};
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (caches[i].len < l) continue;
+      const Range r = l == caches[i].len ? caches[i].range : parts[i]->find(c.data() + (n - l), l);
+      if (!r.empty()) node.parts.emplace_back(static_cast<int32_t>(i), r);
+    }
+    node.w = src.weight(node.parts);
+    if (node.w <= 0) continue;
+    if (expand(src, node, budget, cfg_, out)) {
       out.match_len = l;
       return true;
     }
@@ -453,16 +532,19 @@ bool Drafter::draft_from_self(const Request& req, int32_t budget, DraftOut& out)
 void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
   out = DraftOut();
   if (budget <= 0) return;
-  IndexPtr indexes[kNumSources];
+  std::vector<IndexPtr> parts[kNumSources];
   if (req.has_prompt && (cfg_.sources[kHistory] || cfg_.sources[kSiblings])) {
-    if (cfg_.sources[kHistory]) {
-      std::shared_lock lock(prompts_mu_);
-      auto it = prompts_.find(req.prompt_id);
-      if (it != prompts_.end()) indexes[kHistory] = it->second.history;
+    std::shared_lock lock(prompts_mu_);
+    auto it = prompts_.find(req.prompt_id);
+    if (it != prompts_.end()) {
+      if (cfg_.sources[kHistory] && it->second.history) parts[kHistory].push_back(it->second.history);
+      if (cfg_.sources[kSiblings]) parts[kSiblings] = it->second.sibling_parts;
     }
-    if (cfg_.sources[kSiblings]) indexes[kSiblings] = sibling_index(req.prompt_id);
   }
-  if (cfg_.sources[kGlobal]) indexes[kGlobal] = global_index();
+  if (cfg_.sources[kGlobal]) {
+    IndexPtr g = global_index();
+    if (g) parts[kGlobal].push_back(std::move(g));
+  }
   double best_score = -1.0;
   for (int32_t s = 0; s < kNumSources; ++s) {
     if (!cfg_.sources[s]) continue;
@@ -471,8 +553,8 @@ void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
     if (s == kSelf) {
       ok = draft_from_self(req, budget, cand);
     } else {
-      if (!indexes[s]) continue;
-      ok = draft_from_index(*indexes[s], req, req.cache[s], budget, cand);
+      if (parts[s].empty()) continue;
+      ok = draft_from_parts(parts[s], req, req.cache[s], budget, cand);
     }
     if (!ok) continue;
     cand.source = s;
@@ -512,8 +594,7 @@ size_t Drafter::memory_bytes() const {
     for (const auto& [id, e] : prompts_) {
       total += id.capacity() + sizeof(PromptEntry);
       if (e.history) total += e.history->memory_bytes();
-      if (e.sibling_index) total += e.sibling_index->memory_bytes();
-      for (const auto& s : e.siblings) total += s.capacity() * sizeof(int32_t);
+      for (const auto& part : e.sibling_parts) total += part->memory_bytes();
     }
   }
   {
@@ -554,21 +635,22 @@ int64_t Drafter::num_requests() const {
 }
 
 std::string Drafter::check_integrity() const {
-  std::ostringstream err;
   {
     std::shared_lock lock(prompts_mu_);
     for (const auto& [id, e] : prompts_) {
-      if (!e.history && e.siblings.empty()) return "prompt " + id + " has neither history nor siblings";
-      if (e.siblings.size() != e.sibling_weights.size()) return "prompt " + id + ": sibling weights mismatch";
+      if (!e.history && e.sibling_parts.empty()) return "prompt " + id + " has neither history nor siblings";
       if (e.history) {
         const std::string h = e.history->check_integrity();
         if (!h.empty()) return "history of " + id + ": " + h;
       }
-      if (e.sibling_index && !e.siblings_dirty) {
-        const std::string h = e.sibling_index->check_integrity();
+      for (size_t k = 0; k < e.sibling_parts.size(); ++k) {
+        const Index& part = *e.sibling_parts[k];
+        const std::string h = part.check_integrity();
         if (!h.empty()) return "siblings of " + id + ": " + h;
-        if (e.sibling_index->num_seqs() != static_cast<int32_t>(e.siblings.size()))
-          return "siblings of " + id + ": index is stale but not marked dirty";
+        const int32_t size = part.num_seqs();
+        if (size <= 0 || (size & (size - 1)) != 0) return "siblings of " + id + ": part size is not a power of two";
+        if (k > 0 && size >= e.sibling_parts[k - 1]->num_seqs())
+          return "siblings of " + id + ": part sizes are not strictly decreasing";
       }
     }
   }
@@ -588,11 +670,13 @@ std::string Drafter::check_integrity() const {
         }
         if (count != r->ctx.size()) return "request " + id + ": positions do not cover the context";
       }
-      for (const MatchCache& mc : r->cache) {
-        if (mc.index_id == 0) continue;
-        if (mc.len < 0 || mc.len > cfg_.max_match || mc.ctx_len > static_cast<int64_t>(r->ctx.size()) ||
-            mc.len > mc.ctx_len || mc.range.empty())
-          return "request " + id + ": match cache out of bounds";
+      for (const auto& caches : r->cache) {
+        for (const MatchCache& mc : caches) {
+          if (mc.index_id == 0) continue;
+          if (mc.len < 0 || mc.len > cfg_.max_match || mc.ctx_len > static_cast<int64_t>(r->ctx.size()) ||
+              mc.len > mc.ctx_len || (mc.len > 0 && mc.range.empty()))
+            return "request " + id + ": match cache out of bounds";
+        }
       }
     }
   }

@@ -48,15 +48,15 @@ struct Request {
   bool has_prompt = false;
   std::vector<int32_t> ctx;                                        // prompt tokens + generated
   std::unordered_map<int32_t, std::vector<int32_t>> positions;     // token -> positions in ctx (self source)
-  std::array<MatchCache, kNumSources> cache{};
+  std::array<std::vector<MatchCache>, kNumSources> cache{};  // per source: one per index part
 };
 
 struct PromptEntry {
-  IndexPtr history;                               // null = no history
-  std::vector<std::vector<int32_t>> siblings;     // sequences finished in the open step
-  std::vector<int64_t> sibling_weights;
-  IndexPtr sibling_index;                         // built lazily from `siblings`
-  bool siblings_dirty = false;
+  IndexPtr history;  // null = no history
+  // Siblings finished in the open step, as immutable parts holding 2^k sequences each, k strictly decreasing
+  // (a binary counter: adding a sibling builds a one-sequence part and merges equal-sized neighbours, so every
+  // sibling token is re-indexed O(log n) times, and a draft aggregates over O(log n) parts).
+  std::vector<IndexPtr> sibling_parts;
 };
 
 class Drafter {
@@ -86,14 +86,16 @@ class Drafter {
 
  private:
   std::shared_ptr<Request> find_request(const std::string& req_id) const;
-  IndexPtr sibling_index(const std::string& prompt_id);
   IndexPtr global_index();
   void draft_one(Request& req, int32_t budget, DraftOut& out);
-  bool draft_from_index(const Index& index, Request& req, MatchCache& cache, int32_t budget, DraftOut& out);
+  void longest_match(const Index& index, const std::vector<int32_t>& c, MatchCache& cache) const;
+  bool draft_from_parts(const std::vector<IndexPtr>& parts, Request& req, std::vector<MatchCache>& caches,
+                        int32_t budget, DraftOut& out);
   bool draft_from_self(const Request& req, int32_t budget, DraftOut& out);
 
   Config cfg_;
   mutable std::shared_mutex prompts_mu_;  // guards prompts_ (the map and each entry's fields)
+  std::mutex sibling_write_mu_;           // serialises sibling writers (merges run outside prompts_mu_)
   std::unordered_map<std::string, PromptEntry> prompts_;
   mutable std::shared_mutex requests_mu_;
   std::unordered_map<std::string, std::shared_ptr<Request>> requests_;

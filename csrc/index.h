@@ -58,6 +58,12 @@ class Index {
   // Rows whose suffix starts with pattern[0..m); empty range when the pattern does not occur.
   Range find(const int32_t* pattern, int32_t m) const;
 
+  // Sequence s without its SEP, and its weight.
+  Span sequence(int32_t s) const {
+    return {text_.data() + seq_start_[s], seq_start_[s + 1] - seq_start_[s] - 1};
+  }
+  int64_t seq_weight(int32_t s) const { return seq_weight_[s]; }
+
   size_t memory_bytes() const;
   // Debug only: a description of the first broken invariant, or "" when the index is consistent.
   std::string check_integrity() const;

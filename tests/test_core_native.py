@@ -159,6 +159,30 @@ def test_backends_seeded_quick(seed):
     assert drafts > 50
 
 
+@pytest.mark.parametrize("use_frequency", [True, False])
+def test_many_siblings_merge_into_parts(use_frequency):
+    """Siblings are kept as a binary counter of index parts; drafts aggregate over all of them exactly."""
+    kwargs = dict(min_match=1, max_match=6, tree=True, min_prob=0.05, use_frequency=use_frequency, sources=SOURCES)
+    ref, nat = ReferenceIndex(**kwargs), NativeIndex(**kwargs)
+    rng = random.Random(7)
+    base = [rng.randrange(6) for _ in range(30)]
+    for r in range(4):
+        for idx in (ref, nat):
+            idx.start(f"r{r}", "p", base[:3])
+    for k in range(13):
+        sib = [t if rng.random() < 0.8 else rng.randrange(6) for t in base]
+        for idx in (ref, nat):
+            idx.add_sibling("p", np.asarray(sib, dtype=np.int32), WEIGHT_ONE * (1 + k % 2))
+        assert nat.check_integrity() is None
+        for r in range(4):
+            ids = [f"r{r}"]
+            assert nat.draft_batch(ids, [8]) == ref.draft_batch(ids, [8])
+            step = base[3 + k + r : 5 + k + r]
+            ref.extend(ids[0], step)
+            nat.extend(ids[0], step)
+    assert any(toks for toks, *_ in nat.draft_batch([f"r{r}" for r in range(4)], [8] * 4))
+
+
 @pytest.mark.slow
 def test_backends_seeded_100k_operations():
     total = drafts = 0
