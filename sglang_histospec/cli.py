@@ -12,6 +12,9 @@ import sys
 # One entry per subcommand module. Modules are imported to build the parser, so each keeps its heavy imports
 # (torch, transformers, uvicorn, ...) inside ``run``.
 COMMAND_MODULES: dict[tuple[str, ...], str] = {
+    ("replay",): "sglang_histospec.commands.replay",
+    ("trace", "stats"): "sglang_histospec.commands.trace_stats",
+    ("trace", "synth"): "sglang_histospec.commands.trace_synth",
     ("serve",): "sglang_histospec.commands.serve",
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
     ("bench", "index"): "sglang_histospec.commands.bench_index",

@@ -81,10 +81,10 @@ class KeySet:
     def _flush(self) -> None:
         if not self._pending:
             return
-        new = np.unique(np.concatenate(self._pending))
+        new = sorted_unique(np.concatenate(self._pending))
         self._pending = []
         while self._levels and len(self._levels[-1]) <= 2 * len(new):
-            new = np.union1d(self._levels.pop(), new)
+            new = sorted_unique(np.concatenate([self._levels.pop(), new]))
         self._levels.append(new)
 
     def __len__(self) -> int:
@@ -106,6 +106,28 @@ class KeySet:
         return int(sum(lv.nbytes for lv in self._levels) + sum(p.nbytes for p in self._pending))
 
 
+def sorted_unique(x: np.ndarray) -> np.ndarray:
+    """np.unique for uint64 keys by sorting (faster here than numpy's hash-based unique)."""
+    x = np.sort(x)
+    if len(x) > 1:
+        x = x[np.concatenate(([True], x[1:] != x[:-1]))]
+    return x
+
+
+def _first_index(flat: np.ndarray) -> np.ndarray:
+    """For each element, the index of the first element with the same value: int64 [n] -> int64 [n]."""
+    order = np.argsort(flat, kind="stable")
+    s = flat[order]
+    new_group = np.empty(len(s), dtype=bool)
+    new_group[:1] = True
+    new_group[1:] = s[1:] != s[:-1]
+    group = np.cumsum(new_group) - 1
+    firsts = order[new_group]  # stable sort: the smallest index of each group comes first
+    out = np.empty(len(flat), dtype=np.int64)
+    out[order] = firsts[group]
+    return out
+
+
 def leading_true(mask: np.ndarray) -> np.ndarray:
     """Per column, the number of leading True values down the rows: bool [k, n] -> int64 [n]."""
     if mask.shape[0] == 0:
@@ -124,16 +146,13 @@ def self_occurs(prefix: Sequence[int], seq: Sequence[int], kmax: int, keys: np.n
     if keys is None:
         keys = kgram_keys(full, kmax)
     plen, n = len(prefix), len(seq)
-    out = np.zeros((kmax, n), dtype=bool)
-    q = np.arange(plen, plen + n)
-    for k in range(1, kmax + 1):
-        row = keys[k - 1]
-        _, first_idx, inverse = np.unique(row, return_index=True, return_inverse=True)
-        first = first_idx[inverse]  # first occurrence of each position's k-gram
-        ok = first[plen:] <= q - k
-        ok &= row[plen:] != PAD
-        out[k - 1] = ok
-    return out
+    total = len(full)
+    # One unique over all rows: keys of different k never coincide (length salt), so the first flat index of a
+    # key is its first position in its own row.
+    first = (_first_index(keys.ravel()) % max(total, 1)).reshape(keys.shape)[:, plen:]
+    q = np.arange(plen, plen + n)[None, :]
+    k = np.arange(1, kmax + 1)[:, None]
+    return (first <= q - k) & (keys[:, plen:] != PAD)
 
 
 def prefix_match(seq: Sequence[int] | np.ndarray, kmax: int, sets: Sequence[KeySet]) -> np.ndarray:

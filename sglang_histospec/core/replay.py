@@ -79,6 +79,8 @@ class BaseDrafter:
     sources: tuple[str, ...] = ()
     window: int | None = None
     live_global = False
+    pads_to_budget = False
+    """True when the engine verifies ``budget`` nodes whatever the draft's size (est_speedup charges them)."""
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
         pass
@@ -316,6 +318,7 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
     t_start = time.perf_counter()
     clock = time.perf_counter_ns
     budget_cap = cfg.budget
+    pads = bool(getattr(drafter, "pads_to_budget", False))
     for st in steps:
         ss = StepStats(st.step)
         for rec in sibling_order(st.records):
@@ -342,7 +345,7 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
                 res.accepted += a
                 hist[a] += 1
                 if costs is not None:
-                    cost_sum += costs[nd]
+                    cost_sum += costs[min(b, budget_cap) if pads else nd]
             drafter.finish(rid, resp)
             ss.responses += 1
             ss.tokens += n

@@ -1,0 +1,95 @@
+"""``histospec replay TRACE --drafter NAME --budget N``: exact offline acceptance of a drafter on a trace.
+
+Example: ``histospec replay run.jsonl.gz --drafter histospec --budget 8 --json``. The last stdout line
+(``--json``) holds ``drafter, budget, responses, tokens, verify_steps, tau, drafted, accepted, accept_rate,
+oracle_tau, draft_us_p50, draft_us_p99`` (design.md section 4), ``est_speedup`` (always: with ``--verify-cost
+FILE`` or the built-in default table, named in ``verify_cost``), plus ``trace_sorted``, ``wall_s``,
+``tokens_per_min`` and, with ``--per-step``, ``per_step``. Semantics and proofs: docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+COMMAND = ("replay",)
+HELP = "replay a trace with a drafter: exact tau, acceptance and the history oracle (docs/replay.md)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sglang_histospec.replay_drafters import DRAFTERS, add_drafter_arguments
+
+    parser.add_argument("trace", help="JSONL(.gz) trace (design.md section 3)")
+    parser.add_argument("--drafter", required=True, choices=DRAFTERS, help="which drafter to replay")
+    parser.add_argument("--budget", type=int, required=True, help="N: at most N draft nodes per verify step")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")
+    parser.add_argument("--plot", metavar="PNG", default=None, help="write per-step tau and acceptance plots")
+    parser.add_argument("--verify-cost", metavar="FILE", default=None, help="verify-cost table (core/verifycost.py)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size at which the verify cost is read")
+    parser.add_argument("--no-oracle", dest="oracle", action="store_false", help="skip oracle_tau (faster)")
+    parser.add_argument("--per-step", action="store_true", help="include per-step totals in the JSON")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_drafter_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sglang_histospec.core.replay import ReplayConfig, replay
+    from sglang_histospec.core.trace import TraceError, load_steps
+    from sglang_histospec.core.verifycost import VerifyCostTable
+    from sglang_histospec.peers import PeerUnavailable
+    from sglang_histospec.replay_drafters import build_drafter, drafter_options
+
+    try:
+        steps, was_sorted = load_steps(args.trace)
+        table = VerifyCostTable.load(args.verify_cost) if args.verify_cost else VerifyCostTable.default()
+        cfg = ReplayConfig(
+            budget=args.budget, oracle=args.oracle, verify_cost=table, batch=args.batch, progress=args.progress
+        )
+        drafter = build_drafter(args.drafter, args.budget, **drafter_options(args))
+    except (TraceError, ValueError, OSError, PeerUnavailable) as e:
+        print(f"histospec replay: {e}", file=sys.stderr)
+        return 2
+    if not was_sorted:
+        print(
+            "histospec replay: trace is not sorted by step; replaying its steps in increasing order", file=sys.stderr
+        )
+    res = replay(steps, drafter, cfg)
+    out = res.to_json()
+    out["verify_cost"] = args.verify_cost or "default"
+    out["batch"] = args.batch
+    out["trace_sorted"] = was_sorted
+    if not args.per_step:
+        out.pop("per_step")
+    if args.plot:
+        _plot(res, args.plot)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            if k != "per_step":
+                print(f"{k:>16}: {v}")
+    return 0
+
+
+def _plot(res, path: str) -> None:  # noqa: ANN001
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [s.step for s in res.per_step]
+    ax1.plot(steps, [s.tokens / max(s.verify_steps, 1) for s in res.per_step], "o-", label=f"{res.drafter} tau")
+    if res.oracle_steps:
+        ax1.plot(steps, [s.tokens / max(s.oracle_steps, 1) for s in res.per_step], "s--", label="oracle tau")
+    ax1.set_xlabel("training step")
+    ax1.set_ylabel("tokens per verify step")
+    ax1.set_title(f"budget {res.budget}")
+    ax1.legend()
+    ax2.bar(range(len(res.accept_hist)), res.accept_hist)
+    ax2.set_xlabel("accepted draft tokens per verify step")
+    ax2.set_ylabel("verify steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,86 @@
+"""``HistoSpecDrafter`` behind the replay interface, with per-request budgets from ``BudgetController``.
+
+The replay drives the facade exactly as the engine integration does: ``start`` with the prompt and prompt id,
+``draft`` / ``extend`` per verify step, ``finish`` with the whole response (a sibling at once), and at the end
+of the step one ``add(prompt_id, step, responses, rewards, prompt_tokens)`` per prompt (the trainer's push,
+with rewards) followed by ``end_step(step)``; the facade never counts a pushed step twice.
+
+``rhymerl_drafter(budget)`` is RhymeRL's released policy: ``DrafterConfig.rhymerl()`` with the ``released``
+budget controller (x2 / /2 in [2, 16], further capped by the replay budget).
+
+Example::
+
+    d = HistoSpecReplayDrafter(DrafterConfig(backend="python"), budget_policy="fixed")
+    replay(steps, d, ReplayConfig(budget=8))
+"""
+
+from __future__ import annotations
+
+from sglang_histospec.core.budget import BudgetConfig, BudgetController
+from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.core.replay import BaseDrafter
+from sglang_histospec.core.types import Draft
+
+BUDGET_POLICIES = ("fixed", "paper", "released")
+
+
+def budget_config(policy: str, cap: int) -> BudgetConfig | None:
+    """The AIMD controller for ``policy`` with its window capped at the replay budget (None = fixed)."""
+    if policy not in BUDGET_POLICIES:
+        raise ValueError(f"budget policy {policy!r}: expected one of {BUDGET_POLICIES}")
+    if policy == "fixed" or cap < 2:
+        return None
+    if policy == "paper":
+        return BudgetConfig.paper(max_budget=min(32, cap), cost_limit=None)
+    return BudgetConfig.released(max_budget=min(16, cap), cost_limit=None)
+
+
+class HistoSpecReplayDrafter(BaseDrafter):
+    """Our drafter; ``sources`` and ``window`` come from its config (the oracle uses the same)."""
+
+    def __init__(
+        self, cfg: DrafterConfig, budget_policy: str = "fixed", cap: int = 8, name: str = "histospec"
+    ) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.drafter = HistoSpecDrafter(cfg)
+        self.sources = tuple(cfg.sources)
+        self.window = cfg.window
+        self.live_global = False
+        bcfg = budget_config(budget_policy, cap)
+        self.budgets = BudgetController(bcfg) if bcfg is not None else None
+        self._depth: dict[str, int] = {}
+
+    def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
+        self.drafter.start(req_id, prompt_id, prompt)
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        self.drafter.extend(req_id, tokens)
+
+    def draft(self, req_id: str, budget: int) -> Draft:
+        d = self.drafter.draft(req_id, budget)
+        if self.budgets is not None:
+            self._depth[req_id] = max(d.depths(), default=0)
+        return d
+
+    def budget(self, req_id: str, cap: int) -> int:
+        return cap if self.budgets is None else min(cap, self.budgets.get(req_id))
+
+    def observe(self, req_id: str, drafted: int, accepted: int) -> None:
+        if self.budgets is not None:
+            self.budgets.update(req_id, self._depth.pop(req_id, 0), accepted)
+
+    def finish(self, req_id: str, response: list[int]) -> None:
+        self.drafter.finish(req_id, response)
+        if self.budgets is not None:
+            self.budgets.remove(req_id)
+
+    def end_step(self, step: int, groups: list[tuple[str, list[int], list[list[int]], list[float] | None]]) -> None:
+        for prompt_id, prompt, responses, rewards in groups:
+            self.drafter.add(prompt_id, step, responses, rewards, prompt_tokens=prompt)
+        self.drafter.end_step(step)
+
+
+def rhymerl_drafter(cap: int, **overrides) -> HistoSpecReplayDrafter:
+    """RhymeRL's released policy (chain, match 7..4, min prob 0.1, previous epoch, 5 prompt tokens, x2 / /2)."""
+    return HistoSpecReplayDrafter(DrafterConfig.rhymerl(**overrides), "released", cap, name="rhymerl")

@@ -1,0 +1,141 @@
+"""SGLang 0.5.23's NGRAM corpus, driven as ``NGRAMWorker`` drives it on CPU (non-overlap scheduling).
+
+Per verify step of a request: ``synchronize()`` (waits for the previous insert), ``batch_get([req_id],
+[window], [total_len])`` with ``window`` = the last ``max_trie_depth`` tokens of prompt + output, then, after
+verification, ``batch_put([window])`` with the same window; ``erase_match_state([req_id])`` when it ends.
+Prompts are never inserted whole. The corpus is global (all prompts, all steps). The result always has
+``draft_token_num = budget + 1`` nodes (node 0 = the last context token); trailing padding nodes (token 0
+under the root) are dropped from the draft, but the engine verifies them, so ``pads_to_budget`` is set and
+est_speedup charges the full width. Defaults are the server's: max trie depth 18, BFS match, breadth 1..10,
+capacity 10M nodes (about 1.8 GB; lower it with ``capacity`` for small runs).
+
+Import: ``import sglang`` would import the whole server stack, so the wrapper is imported with bare package
+objects for ``sglang``, ``sglang.srt`` and ``sglang.srt.utils`` and an ``is_cuda`` (False on this CPU path) for
+``sglang.srt.utils.common``; everything that then runs is SGLang's own code (the C++ is JIT-compiled on first
+use, about 30-50 s, then cached).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_histospec.core.replay import BaseDrafter
+from sglang_histospec.core.types import ROOT, Draft
+from sglang_histospec.peers import require
+
+
+@dataclass(slots=True)
+class NgramConfig:
+    """``--speculative-ngram-*`` settings of SGLang's server (same defaults)."""
+
+    max_trie_depth: int = 18
+    """Context tokens matched and inserted per step."""
+    min_bfs_breadth: int = 1
+    """Smallest BFS breadth."""
+    max_bfs_breadth: int = 10
+    """Largest BFS breadth (the server's topk)."""
+    match_type: str = "BFS"
+    """"BFS" or "PROB"."""
+    capacity: int = 10_000_000
+    """Trie capacity in nodes."""
+
+
+def _light_import():
+    """Import ``NgramCorpus`` without running ``sglang/__init__.py`` (see the module docstring)."""
+    if "sglang.srt.speculative.cpp_ngram.ngram_corpus" in sys.modules:
+        return sys.modules["sglang.srt.speculative.cpp_ngram.ngram_corpus"].NgramCorpus
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("No module named 'sglang'")
+    root = os.path.dirname(spec.origin)
+    if "sglang" not in sys.modules:
+        for name, sub in (("sglang", ""), ("sglang.srt", "srt"), ("sglang.srt.utils", os.path.join("srt", "utils"))):
+            mod = types.ModuleType(name)
+            mod.__path__ = [os.path.join(root, sub) if sub else root]
+            sys.modules[name] = mod
+        common = types.ModuleType("sglang.srt.utils.common")
+        common.is_cuda = lambda: False
+        sys.modules["sglang.srt.utils.common"] = common
+    from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+
+    return NgramCorpus
+
+
+def tree_from_mask(ids: np.ndarray, mask: np.ndarray) -> Draft:
+    """SGLang's (ids [N], mask [N, N], node 0 = root) -> ``Draft`` of nodes 1..N-1, trailing padding dropped.
+
+    Example: ids [3, 4, 44, 0], mask rows [1000], [1100], [1010], [1001] -> root->4, root->44 (the last node is
+    padding: token 0 under the root).
+    """
+    n = len(ids)
+    parents: list[int] = []
+    for i in range(1, n):
+        anc = np.flatnonzero(mask[i, :i])
+        p = int(anc.max()) if len(anc) else 0
+        parents.append(ROOT if p == 0 else p - 1)
+    toks = [int(t) for t in ids[1:]]
+    k = len(toks)
+    while k and toks[k - 1] == 0 and parents[k - 1] == ROOT:
+        k -= 1
+    return Draft(toks[:k], parents[:k], [1.0] * k, match_len=0, source="global") if k else Draft.empty()
+
+
+class SGLangNgramDrafter(BaseDrafter):
+    """SGLang's global n-gram trie over the recent context windows of every request."""
+
+    name = "sglang-ngram"
+    sources = ("self", "global")
+    live_global = True
+    pads_to_budget = True
+
+    def __init__(self, budget: int, cfg: NgramConfig | None = None) -> None:
+        if budget < 1:
+            raise ValueError(f"sglang-ngram needs a budget >= 1 (draft_token_num = budget + 1), got {budget}")
+        self.cfg = cfg or NgramConfig()
+        try:
+            corpus_cls = _light_import()
+        except ImportError as e:
+            raise require("sglang-ngram", "SGLang 0.5.23 (sglang==0.5.23, apache-tvm-ffi, msgspec)", e) from e
+        self.n = budget + 1
+        c = self.cfg
+        self.corpus = corpus_cls(
+            max_trie_depth=c.max_trie_depth,
+            min_bfs_breadth=c.min_bfs_breadth,
+            max_bfs_breadth=c.max_bfs_breadth,
+            draft_token_num=self.n,
+            match_type=c.match_type,
+            capacity=c.capacity,
+        )
+        self._ctx: dict[str, list[int]] = {}
+        self._window: dict[str, list[int]] = {}
+
+    def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
+        self._ctx[req_id] = list(prompt)
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        self._ctx[req_id].extend(tokens)
+
+    def budget(self, req_id: str, cap: int) -> int:
+        return self.n - 1
+
+    def draft(self, req_id: str, budget: int) -> Draft:
+        ctx = self._ctx[req_id]
+        window = ctx[-self.cfg.max_trie_depth :]
+        self._window[req_id] = window
+        self.corpus.synchronize()
+        ids, mask = self.corpus.batch_get([req_id], [window], [len(ctx)])
+        return tree_from_mask(ids, mask.reshape(self.n, self.n))
+
+    def observe(self, req_id: str, drafted: int, accepted: int) -> None:
+        self.corpus.batch_put([self._window.pop(req_id)])
+
+    def finish(self, req_id: str, response: list[int]) -> None:
+        self.corpus.erase_match_state([req_id])
+        self._ctx.pop(req_id, None)
+        self._window.pop(req_id, None)
