@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -181,3 +182,28 @@ def test_serve_command_in_a_subprocess(tiny_model_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_weight_update_waits_for_running_requests(tiny_model_dir, other_model_dir):
+    prompt = [1, 20, 21, 22]
+    n = 120
+    new_ref = _hf_greedy(other_model_dir, prompt, 8)
+    with ServerThread(tiny_model_dir) as srv:
+        old_ref = srv.client.generate([prompt], max_new_tokens=n, temperature=0, ignore_eos=True)[0]["output_ids"]
+        got: list = []
+        t = threading.Thread(
+            target=lambda: got.append(srv.client.generate([prompt], max_new_tokens=n, temperature=0, ignore_eos=True))
+        )
+        t.start()
+        deadline = time.monotonic() + 30
+        while srv.client.stats()["backend"]["engine"]["requests_running"] == 0:
+            assert time.monotonic() < deadline and t.is_alive(), "the request never started"
+            time.sleep(0.01)
+        srv.client.update_weights_from_disk(other_model_dir, weight_version="1")
+        assert not t.is_alive(), "the update returned before the running request finished"
+        t.join()
+        # the request that was running finished entirely on the old weights, the next one runs on the new ones
+        assert got[0][0]["output_ids"] == old_ref
+        assert (
+            srv.client.generate([prompt], max_new_tokens=8, temperature=0, ignore_eos=True)[0]["output_ids"] == new_ref
+        )
