@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,13 +131,14 @@ def run_index_bench(
     per_request_us: list[float] = []
     call_us: list[float] = []
     emitted = request_steps = 0
+    draft_cpu_s = 0.0
     timed = getattr(getattr(index, "_impl", None), "draft_batch_timed", None)
     for step in range(cfg.steps):
         live = [p for p in range(cfg.prompts) if pos[p] < cfg.length]
         if not live:
             break
         batch_ids, budgets = [ids[p] for p in live], [cfg.budget] * len(live)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if timed is not None:
             drafts, ns = timed(batch_ids, budgets)
             per_request_us.extend(x / 1000.0 for x in ns)
@@ -146,6 +148,7 @@ def run_index_bench(
                 t1 = time.perf_counter()
                 drafts.extend(index.draft_batch([rid], [cfg.budget]))
                 per_request_us.append((time.perf_counter() - t1) * 1e6)
+        draft_cpu_s += time.thread_time() - c0
         call_us.append((time.perf_counter() - t0) * 1e6 / len(live))
         for p, (toks, parents, _, _, _) in zip(live, drafts):
             truth = truths[p][pos[p] :]
@@ -167,6 +170,7 @@ def run_index_bench(
         "draft_us_p99": float(np.percentile(us, 99)),
         "draft_us_mean": float(us.mean()),
         "call_us_per_request_p50": float(np.percentile(call_us, 50)),
+        "draft_cpu_us_per_request": draft_cpu_s * 1e6 / max(1, request_steps),
         "bytes_per_token": memory / history_tokens,
         "batch": cfg.prompts,
         "history_tokens_per_prompt": history_tokens // cfg.prompts,
@@ -177,4 +181,5 @@ def run_index_bench(
         "similarity": cfg.similarity,
         "sources": ",".join(cfg.sources),
         "tree": cfg.tree,
+        "load_avg_1min": os.getloadavg()[0],
     }
