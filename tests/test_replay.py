@@ -144,6 +144,24 @@ def test_oracle_history_window_and_siblings():
     assert res.oracle_steps == 7 + 2
 
 
+def test_oracle_all_history_and_other_sources():
+    steps = [
+        TraceStep(0, [one([0], [1, 2, 3, 4, 5, 6])]),
+        TraceStep(1, [one([0], [9, 9, 9, 9], step=1)]),
+        TraceStep(2, [one([0], [1, 2, 3, 4, 5, 6], step=2)]),
+    ]
+    windowed = replay(steps, HistoryOnly(), ReplayConfig(budget=8))
+    full = replay(steps, HistoryOnly(), ReplayConfig(budget=8, oracle_all_history=True))
+    assert windowed.per_step[2].oracle_steps == 6  # the window holds step 1 only
+    assert full.per_step[2].oracle_steps == 1  # step 0 holds the whole response
+    # self as the oracle's source, [9, 9, 9, 9] after prompt [0]: 9 is new (emit 1); at p=1 only [9] occurs in
+    # the context [0, 9] (emit 2); at p=3 [9] occurs (emit the last token): 3 steps
+    only_self = replay(steps, HistoryOnly(), ReplayConfig(budget=8, oracle_sources=("self",)))
+    assert only_self.per_step[1].oracle_steps == 3
+    with pytest.raises(ValueError, match="oracle_sources"):
+        ReplayConfig(budget=1, oracle_sources=("nope",))
+
+
 def test_sibling_order_and_siblings_source():
     recs = [one([1], [1, 2, 3, 4], sample=0), one([1], [1, 2], sample=1), one([1], [7, 8], sample=2)]
     assert [r.sample for r in sibling_order(recs)] == [1, 2, 0]

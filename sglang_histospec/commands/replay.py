@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-cost", metavar="FILE", default=None, help="verify-cost table (core/verifycost.py)")
     parser.add_argument("--batch", type=int, default=1, help="batch size at which the verify cost is read")
     parser.add_argument("--no-oracle", dest="oracle", action="store_false", help="skip oracle_tau (faster)")
+    parser.add_argument(
+        "--oracle-sources", default=None, help="comma list: oracle over these sources instead of the drafter's"
+    )
+    parser.add_argument(
+        "--oracle-all-history", action="store_true", help="oracle over all earlier visits, not the drafter's window"
+    )
     parser.add_argument("--per-step", action="store_true", help="include per-step totals in the JSON")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     add_drafter_arguments(parser)
@@ -44,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
         steps, was_sorted = load_steps(args.trace)
         table = VerifyCostTable.load(args.verify_cost) if args.verify_cost else VerifyCostTable.default()
         cfg = ReplayConfig(
-            budget=args.budget, oracle=args.oracle, verify_cost=table, batch=args.batch, progress=args.progress
+            budget=args.budget,
+            oracle=args.oracle,
+            verify_cost=table,
+            batch=args.batch,
+            progress=args.progress,
+            oracle_sources=None if args.oracle_sources is None else tuple(args.oracle_sources.split(",")),
+            oracle_all_history=args.oracle_all_history,
         )
         drafter = build_drafter(args.drafter, args.budget, **drafter_options(args))
     except (TraceError, ValueError, OSError, PeerUnavailable) as e:
@@ -59,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     out["verify_cost"] = args.verify_cost or "default"
     out["batch"] = args.batch
     out["trace_sorted"] = was_sorted
+    out["oracle_sources"] = list(cfg.oracle_sources or drafter.sources)
+    out["oracle_window"] = None if cfg.oracle_all_history else drafter.window
     if not args.per_step:
         out.pop("per_step")
     if args.plot:

@@ -143,12 +143,18 @@ class ReplayConfig:
     """Batch size at which the verify cost is read."""
     progress: bool = False
     """Show a progress bar on stderr (tqdm)."""
+    oracle_sources: tuple[str, ...] | None = None
+    """Oracle sources; None = the drafter's (only then is the oracle a proven upper bound of the drafter)."""
+    oracle_all_history: bool = False
+    """Oracle over every earlier visit of the prompt instead of the drafter's window."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_REPLAY_BUDGET:
             raise ValueError(f"budget={self.budget!r} must be an int in [0, {MAX_REPLAY_BUDGET}]")
         if self.batch < 1:
             raise ValueError(f"batch={self.batch} must be >= 1")
+        if self.oracle_sources is not None and not set(self.oracle_sources) <= set(SOURCES):
+            raise ValueError(f"oracle_sources={self.oracle_sources!r}: expected names from {SOURCES}")
 
 
 @dataclass(slots=True)
@@ -301,7 +307,11 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
     if any(b.step <= a.step for a, b in zip(steps, steps[1:])):
         raise ValueError("steps must be strictly increasing (use trace.load_steps, which sorts)")
     res = ReplayResult(drafter.name, cfg.budget)
-    oracle = Oracle(cfg.budget, drafter.sources, drafter.window, drafter.live_global) if cfg.oracle else None
+    oracle = None
+    if cfg.oracle:
+        sources = drafter.sources if cfg.oracle_sources is None else tuple(cfg.oracle_sources)
+        window = None if cfg.oracle_all_history else drafter.window
+        oracle = Oracle(cfg.budget, sources, window, drafter.live_global)
     kmax = max(cfg.budget, 1)
     draft_ns: list[int] = []
     cost_sum = 0.0
