@@ -137,6 +137,9 @@ def test_greedy_identical_with_and_without_histospec(spec, plain, tok):
     assert meta["spec_verify_ct"] < meta["completion_tokens"]
     plain_meta = plain.client.generate(prompts[:1], **{**kw, "prompt_ids": pids[:1]})[0]["meta_info"]
     assert plain_meta["spec_draft_token_num"] == 0
+    assert plain_meta["spec_verify_ct"] == plain_meta["completion_tokens"]  # one token per verify step
+    assert plain.client.stats()["tau"] == 1.0
+    assert spec.client.stats()["tau"] > 1.0
 
 
 def test_history_push_stats_and_metrics(spec):
