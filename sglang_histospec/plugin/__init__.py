@@ -11,7 +11,8 @@ Example::
     sglang serve --model-path M --speculative-algorithm HISTOSPEC --speculative-num-draft-tokens 8
     # requests carry "sampling_params": {"custom_params": {"prompt_id": "gsm-17"}}
 
-Nothing here imports SGLang at module import time; :func:`register` imports it lazily.
+Nothing here imports SGLang at module import time; :func:`register` imports it lazily. ``histospec serve
+--backend sglang`` runs :mod:`sglang_histospec.plugin.serve` (SGLang's server plus the /histospec routes).
 """
 
 from __future__ import annotations
@@ -33,11 +34,4 @@ def register() -> None:
     _registered = True
 
 
-def serve(argv: list[str]) -> int:
-    """``histospec serve --backend sglang ...``: SGLang's HTTP server plus /histospec/history and /histospec/stats."""
-    from sglang_histospec.plugin.serve import main
-
-    return main(argv)
-
-
-__all__ = ["ALGORITHM_NAME", "TESTED_SGLANG_VERSIONS", "register", "serve"]
+__all__ = ["ALGORITHM_NAME", "TESTED_SGLANG_VERSIONS", "register"]

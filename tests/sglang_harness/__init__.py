@@ -82,8 +82,14 @@ def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     if python is None:
         raise RuntimeError(skip_reason())
     return subprocess.run(
-        [str(python), "-c", code], env=harness_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT
+        [str(python), "-c", code], env=harness_env(), capture_output=True, text=True, timeout=timeout, cwd=RUN_DIR
     )
+
+
+# SGLang processes run outside the checkout: with the checkout as the working directory, a stale
+# ``sglang_histospec.egg-info`` there (from the main venv's editable install) could hide the harness venv's metadata
+# and its ``sglang.srt.plugins`` entry point.
+RUN_DIR = Path(tempfile.gettempdir())
 
 
 def free_port() -> int:
@@ -151,7 +157,7 @@ class SGLangServer:
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=RUN_DIR, start_new_session=True
             )
         deadline = t0 + self.startup_timeout
         while time.monotonic() < deadline:
