@@ -482,21 +482,27 @@ bool Drafter::draft_from_self(const Request& req, int32_t budget, DraftOut& out)
   const int32_t n = static_cast<int32_t>(c.size());
   if (n == 0) return false;
   const int32_t cap = std::min(cfg_.max_match, n);
-  // Earlier occurrences of the last token, with the length of their common suffix with the context.
-  std::vector<std::pair<int32_t, int32_t>> cands;  // (common suffix length capped at cap, end position)
+  // Earlier occurrences of the last token, with the length of their common suffix with the context (capped),
+  // bucketed by that length (counting sort, longest first).
+  std::vector<std::pair<int32_t, int32_t>> cands;  // (common suffix length, end position)
   auto it = req.positions.find(c[n - 1]);
   if (it != req.positions.end()) {
+    std::vector<int32_t> count(cap + 2, 0);
+    std::vector<std::pair<int32_t, int32_t>> raw;
+    raw.reserve(it->second.size());
     for (int32_t j : it->second) {
       if (j >= n - 1) break;
       int32_t l = 1;
       while (l < cap && l <= j && c[j - l] == c[n - 1 - l]) ++l;
-      cands.emplace_back(l, j);
+      raw.emplace_back(l, j);
+      ++count[cap - l + 1];
     }
+    for (int32_t b = 1; b <= cap + 1; ++b) count[b] += count[b - 1];
+    cands.resize(raw.size());
+    for (const auto& e : raw) cands[count[cap - e.first]++] = e;
   }
-  std::sort(cands.begin(), cands.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   SelfSource src{c, cfg_.use_frequency};
   // The occurrence set only changes at the distinct common-suffix lengths: try them longest first.
-  // Lengths above every candidate's have no occurrence; for min_match == 0 the empty pattern occurs n times.
   size_t taken = 0;
   std::vector<int32_t> ends;
   for (int32_t l = cap; l >= std::max(cfg_.min_match, 1); --l) {
@@ -507,9 +513,7 @@ bool Drafter::draft_from_self(const Request& req, int32_t budget, DraftOut& out)
       continue;
     }
     const int64_t w = cfg_.use_frequency ? static_cast<int64_t>(ends.size()) * kWeightOne : kWeightOne;
-    std::vector<int32_t> sorted_ends = ends;
-    std::sort(sorted_ends.begin(), sorted_ends.end());
-    if (expand(src, SelfSource::Node{std::move(sorted_ends), w}, budget, cfg_, out)) {
+    if (expand(src, SelfSource::Node{ends, w}, budget, cfg_, out)) {
       out.match_len = l;
       return true;
     }
