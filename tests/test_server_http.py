@@ -305,3 +305,10 @@ def test_seeded_sampling_is_reproducible_with_processed_logprobs(spec, tok):
     lps = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
     assert lps == [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
     assert len(lps) == 12 and all(-50 < lp <= 0 for lp in lps)
+
+
+def test_parallel_samples_answer_a_list(spec, tok):
+    body = {"input_ids": _ids(tok, "ab"), "rid": "par", "sampling_params": {"n": 3, "max_new_tokens": 4}}
+    outs = _post(spec, "/generate", body).json()
+    assert [o["meta_info"]["id"] for o in outs] == ["par_0", "par_1", "par_2"]
+    assert all(1 <= len(o["output_ids"]) <= 4 for o in outs)

@@ -48,6 +48,16 @@ def test_sglang_hints_are_accepted_and_multimodal_inputs_refused():
         GenerateBody.model_validate({"input_ids": [1], "image_data": "http://x/y.png"})
 
 
+def test_parallel_samples_expand_prompt_major():
+    reqs = _inputs({"input_ids": [[1], [2]], "rid": ["a", "b"], "sampling_params": {"n": 2, "sampling_seed": 5}})
+    assert [(r.input_ids, r.rid, r.seed) for r in reqs] == [
+        ([1], "a_0", 5),
+        ([1], "a_1", 6),
+        ([2], "b_0", 5),
+        ([2], "b_1", 6),
+    ]
+
+
 def test_default_max_new_tokens_is_clipped_to_the_context():
     [req] = _inputs({"input_ids": [1] * 60})
     assert req.max_new_tokens == 4
@@ -69,7 +79,8 @@ def test_default_max_new_tokens_is_clipped_to_the_context():
         ({"input_ids": [1], "sampling_params": {"temperature": float("nan")}}, "sampling_params.temperature"),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
         ({"input_ids": [1], "sampling_params": {"top_k": -2}}, "sampling_params.top_k"),
-        ({"input_ids": [1], "sampling_params": {"n": 2}}, "sampling_params.n"),
+        ({"input_ids": [1], "sampling_params": {"n": 0}}, "sampling_params.n"),
+        ({"input_ids": [[1], [2]], "sampling_params": [{"n": 2}, {"n": 3}]}, "sampling_params[1].n"),
         ({"input_ids": [1], "sampling_params": {"stop": ["x"]}}, "sampling_params.stop"),
         ({"input_ids": [1], "sampling_params": {"stop_token_ids": [100]}}, "sampling_params.stop_token_ids[0]"),
         ({"input_ids": [1], "sampling_params": {"custom_params": {"prompt_id": ""}}}, "custom_params.prompt_id"),

@@ -246,7 +246,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
                 finish_type=str(out.finish_reason.get("type")),
             )
         items = [_sglang_item(o, r, body.return_text_in_logprobs, backend) for o, r in zip(outputs, inputs)]
-        return JSONResponse(items if is_batch(body) else items[0])
+        return JSONResponse(items if is_batch(body) or len(items) > 1 else items[0])
 
     @app.post("/histospec/history", dependencies=admin)
     async def push_history(body: HistoryPushBody) -> dict:

@@ -22,6 +22,8 @@ from sglang_histospec.server.protocol import GenerationInput, HistoryEntry, Mode
 
 DEFAULT_MAX_NEW_TOKENS = 128
 """SGLang's default when ``max_new_tokens`` is absent."""
+MAX_PARALLEL_SAMPLES = 1024
+"""Largest ``sampling_params.n``: samples per prompt, answered prompt-major as one list."""
 
 
 class FieldError(ValueError):
@@ -157,7 +159,6 @@ class UpdateWeightsFromDiskBody(_Strict):
 # Sampling fields accepted only at their neutral value, with the value they must have.
 _NEUTRAL: dict[str, Any] = {
     "min_p": 0.0,
-    "n": 1,
     "min_new_tokens": 0,
     "frequency_penalty": 0.0,
     "presence_penalty": 0.0,
@@ -234,7 +235,7 @@ def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits,
 
 
 def is_batch(body: GenerateBody) -> bool:
-    """SGLang answers a list exactly when the prompt field is a list of prompts."""
+    """True when the prompt field is a list of prompts (SGLang then answers a list; also when ``n > 1``)."""
     if body.text is not None:
         return isinstance(body.text, list)
     return bool(body.input_ids) and isinstance(body.input_ids[0], list)
@@ -291,8 +292,18 @@ def to_generation_inputs(
         if len(ids) >= limits.context_len:
             raise FieldError(where, f"prompt has {len(ids)} tokens; the context length is {limits.context_len}")
         sp_where = f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
-        kwargs = _sampling_to_kwargs(sps[i] or SamplingParamsBody(), sp_where, limits, len(ids))
-        out.append(GenerationInput(input_ids=list(ids), return_logprob=logprobs[i], rid=rids[i], **kwargs))
+        sp = sps[i] or SamplingParamsBody()
+        kwargs = _sampling_to_kwargs(sp, sp_where, limits, len(ids))
+        if sp.n < 1 or sp.n > MAX_PARALLEL_SAMPLES:
+            raise FieldError(f"{sp_where}.n", f"must be in [1, {MAX_PARALLEL_SAMPLES}], got {sp.n}")
+        if sp.n != (sps[0] or SamplingParamsBody()).n:
+            raise FieldError(f"{sp_where}.n", "must be the same for every prompt of a batch")
+        for j in range(sp.n):  # parallel samples: prompt-major, rid "<rid>_<j>", seed + j
+            item = GenerationInput(input_ids=list(ids), return_logprob=logprobs[i], rid=rids[i], **kwargs)
+            if sp.n > 1:
+                item.rid = None if rids[i] is None else f"{rids[i]}_{j}"
+                item.seed = None if item.seed is None else item.seed + j
+            out.append(item)
     return out
 
 
