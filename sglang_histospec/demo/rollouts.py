@@ -1,0 +1,209 @@
+"""Multi-epoch rollouts of the demo model on the demo task through the embedded engine, with a trace.
+
+Each epoch samples ``group_size`` responses per prompt of the fixed prompt set at temperature 1 (one RL step
+per epoch), scores them with the task's reward, pushes them with their rewards into the engine's history
+drafter (as the TRL trainer does after each step) and closes the step, so epoch e+1 drafts from epoch e. The
+policy is frozen here: this measures what history drafting gives a slowly moving policy, and records a real
+trace (design.md section 3) for replay and HistoPipe. GRPO training is ``histospec demo`` with the TRL trainer.
+
+Every request has its own sampling seed derived from (seed, epoch, prompt, sample), so a run is reproducible
+and the runs with and without HistoSpec sample the same distribution with the same seeds.
+
+Example::
+
+    stats = sample_epochs(model_dir, ArithTask(), RolloutConfig(epochs=3), "HISTOSPEC", trace_path="t.jsonl.gz")
+    stats[-1].tau       # tokens per verify step in the last epoch (> 1 once history exists)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+from sglang_histospec.demo.task import ArithTask
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Shape of a multi-epoch sampling run."""
+
+    epochs: int = 3
+    """Epochs (= RL steps here: every epoch visits every prompt once)."""
+    group_size: int = 4
+    """Responses per prompt and epoch (GRPO's ``num_generations``)."""
+    num_prompts: int | None = None
+    """Use the first ``num_prompts`` prompts of the task; None = all."""
+    max_new_tokens: int = 48
+    """Completion length cap."""
+    temperature: float = 1.0
+    """Sampling temperature (1 = the policy's own distribution, as in RL rollouts)."""
+    seed: int = 0
+    """Base of every request's sampling seed."""
+    max_running_requests: int = 64
+    """Requests the engine decodes together."""
+    num_draft_tokens: int = 16
+    """Cap on draft nodes per request and verify step."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "group_size", "max_new_tokens", "max_running_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.num_prompts is not None and self.num_prompts < 1:
+            raise ValueError(f"num_prompts={self.num_prompts}: must be >= 1 or None")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0")
+
+
+@dataclass
+class EpochStats:
+    """What one epoch of rollouts did."""
+
+    epoch: int
+    mode: str
+    """The engine's speculative algorithm: ``HISTOSPEC`` or ``NONE``."""
+    responses: int
+    mean_reward: float
+    tokens: int
+    """Generated tokens (EOS included)."""
+    verify_steps: int
+    """Request-steps: one per request per verify forward."""
+    forward_passes: int
+    """Batched verify forwards (what costs time)."""
+    drafted: int
+    accepted: int
+    seconds: float
+    """Wall time of the epoch's generation."""
+
+    @property
+    def tau(self) -> float:
+        """Tokens per request-step (1.0 without drafting)."""
+        return self.tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        """Accepted / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict:
+        out = dict(vars(self))
+        out.update(tau=self.tau, accept_rate=self.accept_rate)
+        return out
+
+
+def request_seed(seed: int, epoch: int, prompt_id: str, sample: int) -> int:
+    """A sampling seed in [0, 2**31) that depends only on its arguments. Example: stable across runs."""
+    digest = hashlib.sha256(f"{seed}/{epoch}/{prompt_id}/{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def sample_epochs(
+    model_dir: str | os.PathLike,
+    task: ArithTask,
+    config: RolloutConfig,
+    speculative_algorithm: str = "HISTOSPEC",
+    trace_path: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> list[EpochStats]:
+    """Run ``config.epochs`` epochs of rollouts through a fresh embedded engine; optionally write the trace.
+
+    Returns one :class:`EpochStats` per epoch. ``speculative_algorithm`` is ``HISTOSPEC`` or ``NONE``.
+    """
+    from tqdm.auto import tqdm
+
+    from sglang_histospec.core.trace import TraceRecord, TraceWriter
+    from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
+    from sglang_histospec.engine.engine import Engine
+
+    prompts = task.prompts[: config.num_prompts] if config.num_prompts else task.prompts
+    engine = Engine(
+        EngineConfig(
+            model_path=str(model_dir),
+            device="cpu",
+            speculative_algorithm=speculative_algorithm,
+            max_running_requests=config.max_running_requests,
+            num_draft_tokens=config.num_draft_tokens,
+            seed=config.seed,
+        )
+    )
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise ValueError(f"{model_dir}: no tokenizer; pass a directory made by build_or_load_demo_model")
+    prompt_ids = {p.prompt_id: tokenizer(p.text).input_ids for p in prompts}
+    writer = TraceWriter(trace_path) if trace_path is not None else None
+    out: list[EpochStats] = []
+    try:
+        for epoch in range(config.epochs):
+            requests = [
+                GenerateRequest(
+                    rid=f"e{epoch}-{p.prompt_id}-{k}",
+                    input_ids=prompt_ids[p.prompt_id],
+                    sampling=SamplingParams(
+                        temperature=config.temperature,
+                        max_new_tokens=config.max_new_tokens,
+                        seed=request_seed(config.seed, epoch, p.prompt_id, k),
+                    ),
+                    prompt_id=p.prompt_id,
+                )
+                for p in prompts
+                for k in range(config.group_size)
+            ]
+            before = engine.stats()
+            start = time.perf_counter()
+            for r in requests:
+                engine.add_request(r)
+            results = {}
+            bar = tqdm(
+                total=len(requests),
+                desc=f"{speculative_algorithm.lower()} epoch {epoch}",
+                disable=not progress,
+                unit="resp",
+                leave=False,
+            )
+            while engine.has_unfinished():
+                for res in engine.step():
+                    results[res.rid] = res
+                    bar.update(1)
+            bar.close()
+            seconds = time.perf_counter() - start
+            after = engine.stats()
+            rewards = []
+            for p in prompts:
+                group = [results[f"e{epoch}-{p.prompt_id}-{k}"] for k in range(config.group_size)]
+                texts = tokenizer.batch_decode([g.output_ids for g in group], skip_special_tokens=True)
+                group_rewards = [task.reward(p.text, t) for t in texts]
+                rewards += group_rewards
+                engine.drafter.add(p.prompt_id, epoch, [g.output_ids for g in group], rewards=group_rewards)
+                if writer is not None:
+                    for k, (g, r) in enumerate(zip(group, group_rewards)):
+                        writer.write(
+                            TraceRecord(
+                                step=epoch,
+                                epoch=epoch,
+                                prompt_id=p.prompt_id,
+                                sample=k,
+                                prompt=prompt_ids[p.prompt_id],
+                                response=list(g.output_ids),
+                                reward=r,
+                            )
+                        )
+            engine.drafter.end_step(epoch)
+            out.append(
+                EpochStats(
+                    epoch=epoch,
+                    mode=speculative_algorithm,
+                    responses=len(requests),
+                    mean_reward=sum(rewards) / len(rewards),
+                    tokens=after["generated_tokens"] - before["generated_tokens"],
+                    verify_steps=after["verify_steps"] - before["verify_steps"],
+                    forward_passes=after["forward_passes"] - before["forward_passes"],
+                    drafted=after["draft_tokens"] - before["draft_tokens"],
+                    accepted=after["accepted_tokens"] - before["accepted_tokens"],
+                    seconds=seconds,
+                )
+            )
+    finally:
+        if writer is not None:
+            writer.close()
+    return out
