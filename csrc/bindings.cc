@@ -24,9 +24,20 @@ using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>
 
 const char* const kSourceNames[] = {"history", "siblings", "self", "global"};
 
+Span checked(Span s) {
+  for (int64_t i = 0; i < s.size; ++i)
+    if (s.data[i] < 0) throw std::invalid_argument("token id " + std::to_string(s.data[i]) + " is negative");
+  return s;
+}
+
 Span span_of(const I32Array& a) {
   if (a.ndim() != 1) throw std::invalid_argument("expected a 1-D int32 array, got ndim=" + std::to_string(a.ndim()));
-  return {a.data(), static_cast<int64_t>(a.shape(0))};
+  return checked({a.data(), static_cast<int64_t>(a.shape(0))});
+}
+
+void check_weights(const std::vector<int64_t>& weights) {
+  for (int64_t w : weights)
+    if (w < 1) throw std::invalid_argument("weight " + std::to_string(w) + " < 1: weights are integers >= 1");
 }
 
 std::vector<Span> spans_of(const std::vector<I32Array>& arrays) {
@@ -94,6 +105,7 @@ PYBIND11_MODULE(_native, m) {
           [](Drafter& d, const std::string& prompt_id, const std::vector<I32Array>& seqs,
              const std::vector<int64_t>& weights) {
             if (seqs.size() != weights.size()) throw std::invalid_argument("one weight per sequence");
+            check_weights(weights);
             const auto spans = spans_of(seqs);  // the arrays stay referenced by `seqs` while the GIL is free
             py::gil_scoped_release release;
             d.set_history(prompt_id, spans, weights);
@@ -103,7 +115,10 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "add_sibling",
           [](Drafter& d, const std::string& prompt_id, const I32Array& seq, int64_t weight) {
-            d.add_sibling(prompt_id, span_of(seq), weight);
+            const Span span = span_of(seq);
+            check_weights({weight});
+            py::gil_scoped_release release;  // may merge sibling parts
+            d.add_sibling(prompt_id, span, weight);
           },
           py::arg("prompt_id"), py::arg("sequence"), py::arg("weight"))
       .def("clear_siblings", &Drafter::clear_siblings)
@@ -111,7 +126,10 @@ PYBIND11_MODULE(_native, m) {
           "add_global",
           [](Drafter& d, int64_t key, const std::vector<I32Array>& seqs, const std::vector<int64_t>& weights) {
             if (seqs.size() != weights.size()) throw std::invalid_argument("one weight per sequence");
-            d.add_global(key, spans_of(seqs), weights);
+            check_weights(weights);
+            const auto spans = spans_of(seqs);
+            py::gil_scoped_release release;
+            d.add_global(key, spans, weights);
           },
           py::arg("key"), py::arg("sequences"), py::arg("weights"))
       .def("remove_global", &Drafter::remove_global, py::arg("key"))
@@ -119,7 +137,8 @@ PYBIND11_MODULE(_native, m) {
           "start",
           [](Drafter& d, const std::string& req_id, std::optional<std::string> prompt_id,
              const std::vector<int32_t>& tokens) {
-            d.start(req_id, prompt_id ? &*prompt_id : nullptr, {tokens.data(), static_cast<int64_t>(tokens.size())});
+            d.start(req_id, prompt_id ? &*prompt_id : nullptr,
+                    checked({tokens.data(), static_cast<int64_t>(tokens.size())}));
           },
           py::arg("req_id"), py::arg("prompt_id"), py::arg("prompt_tokens"))
       .def(
@@ -131,7 +150,7 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "extend",
           [](Drafter& d, const std::string& req_id, const std::vector<int32_t>& tokens) {
-            d.extend(req_id, {tokens.data(), static_cast<int64_t>(tokens.size())});
+            d.extend(req_id, checked({tokens.data(), static_cast<int64_t>(tokens.size())}));
           },
           py::arg("req_id"), py::arg("tokens"))
       .def(

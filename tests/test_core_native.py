@@ -312,6 +312,10 @@ def test_bad_input_raises_value_error():
     idx = NativeIndex(min_match=1, max_match=4, tree=True, min_prob=0.1, use_frequency=True, sources=SOURCES)
     with pytest.raises(ValueError, match="one weight per sequence"):
         idx.set_history("p", _arrays([[1, 2]]), [])
+    with pytest.raises(ValueError, match="weight 0 < 1"):
+        idx.set_history("p", _arrays([[1, 2]]), [0])
+    with pytest.raises(ValueError, match="negative"):
+        idx.add_sibling("p", np.array([1, -3], dtype=np.int32), 1)
     with pytest.raises(ValueError, match="1-D"):
         idx.set_history("p", [np.zeros((2, 2), dtype=np.int32)], [1])
     with pytest.raises(ValueError, match="one budget per request"):
