@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 EXTRAS ?= dev,trl,notebooks
 
-.PHONY: install install-sglang test test-all demo bench lint format clean install-peers
+.PHONY: install install-sglang test test-all demo bench lint format clean install-peers notebooks
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,11 @@ test-all: install
 
 demo: install
 	$(VENV)/bin/histospec demo
+
+# Execute every notebook (notebooks/README.md) with full configurations; executed copies go to build/notebooks.
+# NB_ARGS="--trace run.jsonl.gz" runs them on your trace, NB_ARGS=--small on the CI configurations.
+notebooks: install
+	$(PY) notebooks/run.py --out build/notebooks $(NB_ARGS)
 
 bench: install
 	$(VENV)/bin/histospec bench index --json

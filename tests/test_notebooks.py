@@ -1,0 +1,138 @@
+"""The notebooks run top to bottom (small configurations), show their figures and print their summary JSON.
+
+Each notebook is executed with nbclient in a fresh kernel of this interpreter (``notebooks/run.py``: a kernelspec
+in a temporary directory, nothing to install first). ``HISTOSPEC_DEMO_DIR`` points to an empty directory, so the
+notebooks fall back to their small synthetic trace whatever demo runs exist on the machine; one run passes a
+user trace instead. The committed notebooks must carry no outputs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sglang_histospec.core.synth import SynthConfig, write_synthetic
+
+NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _load(name: str):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(f"histospec_notebooks_{name}", NB_DIR / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+runner = _load("run")
+nbhelpers = _load("nbhelpers")
+
+
+def _execute(name: str, tmp_path: Path, trace: str = ""):  # noqa: ANN202
+    (tmp_path / "no-demo").mkdir(exist_ok=True)
+    env = {"HISTOSPEC_NB_SMALL": "1", "HISTOSPEC_NB_TRACE": trace, "HISTOSPEC_DEMO_DIR": str(tmp_path / "no-demo")}
+    (path,) = runner.notebooks([name])
+    return runner.execute(path, env, timeout=300)
+
+
+def _outputs(nb) -> list:  # noqa: ANN001
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def _summary(nb) -> dict:  # noqa: ANN001
+    """The JSON object on the last line the last code cell printed."""
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    text = "".join(o.text for o in last.outputs if o.output_type == "stream" and o.name == "stdout")
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def _check_ran(nb) -> None:  # noqa: ANN001
+    outs = _outputs(nb)
+    assert not [o for o in outs if o.output_type == "error"]
+    figures = [o for o in outs if o.output_type == "display_data" and "image/png" in o.data]
+    assert figures, "the notebook showed no figure"
+
+
+def test_committed_notebooks_are_stripped() -> None:
+    paths = runner.notebooks()
+    assert [p.stem for p in paths] == ["01_history_rhymes", "02_drafters", "03_histopipe", "04_training"][: len(paths)]
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{path.name} cell {i} has outputs"
+        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1 and "TRACE" in tagged[0].source, f"{path.name}: one parameter cell with TRACE"
+
+
+def test_resolve_trace(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a file"):
+        nbhelpers.resolve_trace(str(tmp_path / "missing.jsonl"), small=True, demo_dir=tmp_path)
+    path, label = nbhelpers.resolve_trace(None, small=True, demo_dir=tmp_path)  # empty demo dir: synthetic
+    assert label.startswith(nbhelpers.SYNTHETIC) and Path(path).is_file()
+    demo = tmp_path / "demo" / "run"
+    demo.mkdir(parents=True)
+    write_synthetic(str(demo / "trace.jsonl.gz"), SynthConfig(prompts=2, group_size=2, epochs=2, vocab=100))
+    assert nbhelpers.resolve_trace(None, small=True, demo_dir=tmp_path / "demo") == (
+        str(demo / "trace.jsonl.gz"),
+        f"demo trace {demo / 'trace.jsonl.gz'}",
+    )
+    assert nbhelpers.resolve_trace(path, small=True, demo_dir=tmp_path / "demo")[0] == path
+
+
+def test_01_history_rhymes(tmp_path: Path) -> None:
+    nb = _execute("01_history_rhymes", tmp_path)
+    _check_ran(nb)
+    s = _summary(nb)
+    assert s["synthetic"] is True and s["epochs"] == nbhelpers.synthetic_config(True).epochs
+    assert s["pairs"] == s["epochs"] - 1
+    for key in ("token_reuse", "rank_moved_share"):
+        assert 0.0 <= s[key] <= 1.0
+    for key in ("spearman", "kendall"):
+        assert -1.0 <= s[key] <= 1.0
+    reuse = [s["token_reuse_by_min_match"][str(m)] for m in (1, 2, 4, 8)]
+    assert reuse == sorted(reuse, reverse=True), "a match of m + 1 tokens contains one of m tokens"
+
+
+def test_01_on_a_user_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.jsonl"
+    write_synthetic(str(trace), SynthConfig(prompts=6, group_size=3, epochs=4, mean_len=24, vocab=200, seed=7))
+    s = _summary(_execute("01_history_rhymes", tmp_path, trace=str(trace)))
+    assert s["trace"] == str(trace) and s["synthetic"] is False
+    assert s["epochs"] == 4 and s["pairs"] == 3
+
+
+def test_02_drafters(tmp_path: Path) -> None:
+    nb = _execute("02_drafters", tmp_path)
+    _check_ran(nb)
+    s = _summary(nb)
+    assert s["budgets"] == [2, 8, 32]
+    for name in ("histospec", "rhymerl", "prompt-lookup"):
+        assert len(s["tau"][name]) == 3 and all(t >= 1.0 for t in s["tau"][name])
+    for name in ("histospec", "rhymerl"):  # the oracle bounds every drafter restricted to its sources
+        assert all(o >= t for o, t in zip(s["oracle_tau"][name], s["tau"][name]))
+    for peer in ("sglang-ngram", "suffix"):  # run when installed, otherwise skipped with a printed note
+        assert (peer in s["tau"]) != (peer in s["skipped"])
+    printed = "".join(o.get("text", "") for o in _outputs(nb))
+    assert all(f"skipped {peer}: not installed" in printed for peer in s["skipped"])
+
+
+def test_03_histopipe(tmp_path: Path) -> None:
+    nb = _execute("03_histopipe", tmp_path)
+    _check_ran(nb)
+    s = _summary(nb)
+    assert s["policies"] == ["round-robin", "lpt", "histopipe"] and s["workers"] == [2, 4, 8]
+    rows = s["results"]
+    assert {(r["policy"], r["workers"], r["overlap"]) for r in rows} == {
+        (p, w, o) for p in s["policies"] for w in s["workers"] for o in (False, True)
+    }
+    for r in rows:
+        assert 0.0 <= r["idle_fraction"] <= 1.0
+        assert math.isfinite(r["makespan"]) and r["makespan"] >= r["lower_bound"] * (1 - 1e-9) > 0
