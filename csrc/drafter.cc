@@ -4,6 +4,7 @@
 #include <chrono>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 namespace histospec {
 
@@ -43,8 +44,11 @@ int64_t min_weight_for(double min_prob, double p_parent, int64_t w_parent) {
   return static_cast<int64_t>(need);
 }
 
+struct IndexSource;
+
 template <class Src>
-bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Config& cfg, DraftOut& out) {
+bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Config& cfg, DraftOut& out,
+            std::vector<TreeNode>* record = nullptr) {
   using Node = typename Src::Node;
   std::vector<Node> nodes;
   std::vector<Cand> heap;
@@ -58,11 +62,17 @@ bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Conf
       const double q = static_cast<double>(child.w) / static_cast<double>(w_parent);
       const double p = p_parent * q;
       if (p < cfg.min_prob) return;
+      if constexpr (std::is_same_v<Src, IndexSource>) {
+        if (record) record->push_back({ni, token, child.r});
+      }
       nodes.push_back(std::move(child));
       heap.push_back({p, seq++, parent_sel, token, static_cast<int32_t>(nodes.size() - 1)});
       std::push_heap(heap.begin(), heap.end(), CandLess());
     });
   };
+  if constexpr (std::is_same_v<Src, IndexSource>) {
+    if (record) record->assign(1, {-1, -1, root.r});
+  }
   push_children(0, 1.0, -1);
   while (static_cast<int32_t>(sel.size()) < budget && !heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), CandLess());
@@ -102,6 +112,7 @@ bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Conf
 
 // Children of suffix-array ranges of an Index.
 struct IndexSource {
+  static constexpr int32_t kSmallRange = 64;
   struct Node {
     Range r;
     int32_t depth;  // length of the node's string
@@ -132,6 +143,19 @@ struct IndexSource {
         if (w >= min_w) emit(t, Node{grp, d + 1, w});
         const int64_t next = x.wsum(end) - x.wsum(lo);  // first offset after the group, rounded up to the grid
         offset = (next + min_w - 1) / min_w * min_w;
+      }
+      return;
+    }
+    if (hi - lo <= kSmallRange) {  // gather the tokens first: independent loads instead of dependent probes
+      int32_t tok[kSmallRange];
+      for (int32_t i = lo; i < hi; ++i) tok[i - lo] = x.token_at(i, d);
+      for (int32_t i = lo; i < hi;) {
+        int32_t end = i + 1;
+        while (end < hi && tok[end - lo] == tok[i - lo]) ++end;
+        const Range grp{i, end};
+        const int64_t w = weight(grp);
+        if (w >= min_w) emit(tok[i - lo], Node{grp, d + 1, w});
+        i = end;
       }
       return;
     }
@@ -377,8 +401,23 @@ void Drafter::longest_match(const Index& index, const std::vector<int32_t>& c, M
   if (cache.index_id == index.id() && cache.ctx_len <= n) {
     len = cache.len;
     range = cache.range;
+    int32_t cursor = cache.tree.empty() ? -1 : 0;  // node of the last draft tree matching the state
     for (int64_t k = cache.ctx_len; k < n; ++k) {
-      const Range next = len == 0 ? index.first(c[k]) : index.child(range, len, c[k]);
+      Range next;
+      int32_t found = -1;
+      if (cursor >= 0) {
+        for (int32_t j = cursor + 1; j < static_cast<int32_t>(cache.tree.size()); ++j)
+          if (cache.tree[j].parent == cursor && cache.tree[j].token == c[k]) {
+            found = j;
+            break;
+          }
+      }
+      if (found >= 0) {
+        next = cache.tree[found].range;
+      } else {
+        next = len == 0 ? index.first(c[k]) : index.child(range, len, c[k]);
+      }
+      cursor = found;
       if (next.empty() || len + 1 > cfg_.max_match) {
         mismatch = next.empty();
         upper = static_cast<int32_t>(std::min<int64_t>(cap, len + (n - k - (mismatch ? 1 : 0))));
@@ -452,10 +491,12 @@ bool Drafter::draft_from_parts(const std::vector<IndexPtr>& parts, Request& req,
       const Range r = l == mc.len ? mc.range : index.find(c.data() + (n - l), l);
       const int64_t w = src.weight(r);
       if (w <= 0) continue;
-      if (expand(src, IndexSource::Node{r, l, w}, budget, cfg_, out)) {
+      std::vector<TreeNode>* record = l == mc.len ? &caches[0].tree : nullptr;
+      if (expand(src, IndexSource::Node{r, l, w}, budget, cfg_, out, record)) {
         out.match_len = l;
         return true;
       }
+      if (record) record->clear();
     }
     return false;
   }
@@ -680,6 +721,13 @@ std::string Drafter::check_integrity() const {
           if (mc.len < 0 || mc.len > cfg_.max_match || mc.ctx_len > static_cast<int64_t>(r->ctx.size()) ||
               mc.len > mc.ctx_len || (mc.len > 0 && mc.range.empty()))
             return "request " + id + ": match cache out of bounds";
+          for (size_t j = 0; j < mc.tree.size(); ++j) {
+            const TreeNode& t = mc.tree[j];
+            if (j == 0 ? (t.parent != -1 || t.range.lo != mc.range.lo || t.range.hi != mc.range.hi)
+                       : (t.parent < 0 || t.parent >= static_cast<int32_t>(j) || t.range.empty() ||
+                          t.range.lo < mc.tree[t.parent].range.lo || t.range.hi > mc.tree[t.parent].range.hi))
+              return "request " + id + ": cached draft tree is inconsistent";
+          }
         }
       }
     }

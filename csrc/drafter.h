@@ -35,11 +35,20 @@ struct DraftOut {
 };
 
 // Longest suffix of a request's context that occurs in one index, advanced by appended tokens.
+struct TreeNode {
+  int32_t parent;  // index in the tree, -1 for the root
+  int32_t token;
+  Range range;     // rows of the root's string extended by the path to this node
+};
+
 struct MatchCache {
   uint64_t index_id = 0;  // 0 = invalid
   int64_t ctx_len = 0;    // context length the state refers to
   int32_t len = 0;        // longest occurring suffix length, capped at max_match
   Range range;            // its rows
+  // Nodes pushed by the last expansion when it started from (len, range) (tree[0] = that root), so that the
+  // accepted tokens of the next extend advance the state without searching the suffix array again.
+  std::vector<TreeNode> tree;
 };
 
 struct Request {
