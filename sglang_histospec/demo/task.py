@@ -45,16 +45,14 @@ class TaskConfig:
     """Seed of the prompt set; the same seed always gives the same prompts, ids and answers."""
     num_prompts: int = 64
     """Size of the fixed RL prompt set (the prompts that repeat every epoch)."""
-    min_ops: int = 2
+    min_ops: int = 1
     """Fewest operations per expression."""
     max_ops: int = 3
     """Most operations per expression."""
     max_operand: int = 9
     """Operands are drawn from 1..max_operand."""
-    max_value: int = 200
+    max_value: int = 99
     """Expressions whose value or any intermediate value is negative or above this are rejected."""
-    paren_prob: float = 0.35
-    """Probability that a generated sub-expression is parenthesised when its precedence allows it."""
     styles: tuple[str, ...] = STYLES
     """Solution styles the supervised data (and hence the policy) uses."""
     format_reward: float = 0.0
