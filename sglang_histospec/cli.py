@@ -17,7 +17,9 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("trace", "synth"): "sglang_histospec.commands.trace_synth",
     ("serve",): "sglang_histospec.commands.serve",
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
+    ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
+    ("demo",): "sglang_histospec.commands.demo",
 }
 
 

@@ -43,6 +43,28 @@ def test_predictor_window_prior_and_online_updates() -> None:
     assert (est.quantile(0.0), est.quantile(0.5), est.quantile(1.0), est.count) == (10, 20, 30, 3)
 
 
+def test_predictor_tracks_its_error_ratio() -> None:
+    p = LengthPredictor(LengthPredictorConfig(window=2))
+    assert p.error_ratio(0.9) == 1.0  # nothing came back yet
+    p.add("a", 0, [100, 100])
+    p.add("a", 1, [150, 50])  # predicted 100 from step 0: ratios 1.5 and 0.5
+    p.observe("b", 1, 10)  # first visit: no ratio
+    assert p.error_ratio(1.0) == 1.5 and p.error_ratio(0.0) == 0.5
+
+
+def test_margin_splits_long_groups_finer() -> None:
+    cost = CostModel(CostModelConfig(iteration_s=0.01, per_context_token_s=2e-6))
+    lengths = {"long": [4000], **{f"s{i}": [300] for i in range(6)}}
+    groups = [Group("long", 8)] + [Group(f"s{i}", 8) for i in range(6)]
+    predictor = _predictor(lengths)
+    for pid in lengths:  # every prompt came back twice as long as predicted
+        predictor.add(pid, 1, [2 * lengths[pid][0]])
+    plain = Planner(cost, PlannerConfig(policy="histopipe")).plan(2, groups, 6, predictor)
+    robust = Planner(cost, PlannerConfig(policy="histopipe", split_error_quantile=0.9)).plan(2, groups, 6, predictor)
+    assert robust.check(groups) is None
+    assert sum(robust.splits) > sum(plain.splits)
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [(("a", -1, [1]), "step"), (("a", 0, [-3]), "length"), ((7, 0, [1]), "prompt_id"), (("a", 0, [1.5]), "length")],

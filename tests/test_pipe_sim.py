@@ -71,6 +71,17 @@ def test_histopipe_beats_round_robin_on_long_tailed_lengths() -> None:
     assert ov.makespan < hp.makespan and ov.idle_fraction < hp.idle_fraction
 
 
+def test_oracle_plans_with_realized_lengths() -> None:
+    steps = _long_tailed()
+    oracle = _sim("histopipe", 8, cost=HEAVY)
+    oracle.config.oracle = True
+    result = oracle.run(steps)
+    history = _sim("histopipe", 8, cost=HEAVY).run(steps)
+    assert all(s.history_share == 1.0 for s in result.per_step)  # every step planned with known lengths
+    assert history.per_step[0].history_share == 0.0 and history.to_json()["warm_steps"] < len(steps)
+    assert result.warm_bound_gap() is not None and result.warm_bound_gap() < history.warm_bound_gap()
+
+
 def test_hand_computed_step() -> None:
     # 1 s per iteration: worker 0 runs the 900/800 group (900 s), worker 1 the eight 100-token samples (100 s).
     work = [StepWork(0, [Group("a", 2), Group("b", 8)], [[900, 800], [100] * 8])]
@@ -142,3 +153,15 @@ def test_cli_pipe_simulate_json(tmp_path, capsys) -> None:  # noqa: ANN001
     assert out["policy"] == "histopipe" and out["workers"] == 3 and out["steps"] == 2
     assert out["makespan"] >= out["lower_bound"] > 0 and png.stat().st_size > 0
     assert main(["pipe", "simulate", str(tmp_path / "missing.jsonl"), "--json"]) == 2
+
+
+def test_cli_bench_pipe_json(capsys) -> None:  # noqa: ANN001
+    from sglang_histospec.cli import main
+
+    argv = ["bench", "pipe", "--workers", "2", "--prompts-per-worker", "2", "--group-size", "4", "--epochs", "2"]
+    assert main([*argv, "--mean-len", "16", "--length-scale", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {(r["policy"], r["overlap"]) for r in out["results"]}
+    assert rows == {(p, o) for p in (*POLICIES, "histopipe-oracle") for o in (False, True)}
+    assert all(r["makespan"] >= r["lower_bound"] > 0 for r in out["results"])
+    assert "histopipe_sync_idle" in out["summary"]["2"]

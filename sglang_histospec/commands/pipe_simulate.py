@@ -34,11 +34,28 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--quantile", type=float, default=None, help="predict lengths by this quantile (default: mean)")
     p.add_argument("--no-split", dest="split", action="store_false", help="histopipe without tier 2")
     p.add_argument("--no-outliers", dest="outliers", action="store_false", help="never migrate or defer")
+    p.add_argument(
+        "--split-error-quantile",
+        type=_quantile_arg,
+        default="auto",
+        help="tier 2 sizes pieces for this quantile of observed actual/predicted length ('none': as predicted; "
+        "'auto': 0.9 with --overlap, none without)",
+    )
     p.add_argument("--outlier-factor", type=float, default=1.5)
     p.add_argument("--tail-fraction", type=float, default=0.10)
 
 
-def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap: bool):  # noqa: ANN201
+def _quantile_arg(text: str) -> float | str | None:
+    return text.lower() if text.lower() in ("none", "auto") else float(text)
+
+
+def _split_quantile(value: float | str | None, overlap: bool) -> float | None:
+    if value == "auto":
+        return 0.9 if overlap else None
+    return None if value == "none" else value
+
+
+def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap: bool, oracle: bool = False):  # noqa: ANN201
     from sglang_histospec.core.costmodel import CostModel, CostModelConfig
     from sglang_histospec.core.lengths import LengthPredictorConfig
     from sglang_histospec.core.pipesim import PipeSimConfig, PipeSimulator
@@ -58,11 +75,12 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         policy=policy,
         length_quantile=args.quantile,
         split=args.split,
+        split_error_quantile=_split_quantile(args.split_error_quantile, overlap),
         outlier_factor=args.outlier_factor,
         tail_fraction=args.tail_fraction,
     )
     return PipeSimulator(
-        PipeSimConfig(workers=workers, overlap=overlap, outliers=args.outliers),
+        PipeSimConfig(workers=workers, overlap=overlap, outliers=args.outliers, oracle=oracle),
         planner,
         cost,
         LengthPredictorConfig(window=args.window),
@@ -76,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=8, help="rollout workers (W)")
     parser.add_argument("--policy", choices=POLICIES, default="histopipe")
     parser.add_argument("--overlap", action="store_true", help="one-step overlap (ONE STEP OFF-POLICY; opt-in)")
+    parser.add_argument("--oracle", action="store_true", help="plan with the realized lengths (a reference)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     parser.add_argument("--plot", default=None, metavar="PNG", help="plot per-step makespan against the bound")
     add_model_arguments(parser)
@@ -89,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         steps = workload_from_trace(load_steps(args.trace)[0], args.length_scale)
-        sim = build_simulator(args, args.policy, args.workers, args.overlap)
+        sim = build_simulator(args, args.policy, args.workers, args.overlap, args.oracle)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

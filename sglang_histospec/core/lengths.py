@@ -9,7 +9,7 @@ length it holds; lengths observed while a step runs (siblings that finished) cou
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -22,6 +22,8 @@ class LengthPredictorConfig:
     """Quantiles reported by :meth:`LengthPredictor.predict`, each in [0, 1]."""
     default_length: float = 512.0
     """Prediction when no length at all is known yet (the very first step)."""
+    error_window: int = 4096
+    """How many recent actual/predicted ratios :meth:`LengthPredictor.error_ratio` keeps."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.window, int) and self.window >= 1):
@@ -31,6 +33,8 @@ class LengthPredictorConfig:
             raise ValueError(f"LengthPredictorConfig.quantiles={self.quantiles!r}: each must be in [0, 1]")
         if not (math.isfinite(self.default_length) and self.default_length > 0):
             raise ValueError(f"LengthPredictorConfig.default_length={self.default_length!r}: must be > 0")
+        if not (isinstance(self.error_window, int) and self.error_window >= 1):
+            raise ValueError(f"LengthPredictorConfig.error_window={self.error_window!r}: must be an int >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,7 @@ class LengthPredictor:
         self.config = config or LengthPredictorConfig()
         self._visits: dict[str, OrderedDict[int, list[int]]] = {}
         self._prior: LengthEstimate | None = None
+        self._ratios: deque[float] = deque(maxlen=self.config.error_window)
 
     def __len__(self) -> int:
         """Number of prompts with history."""
@@ -87,6 +92,9 @@ class LengthPredictor:
         if not lengths:
             return 0
         visits = self._visits.setdefault(prompt_id, OrderedDict())
+        earlier = [n for st, visit in visits.items() if st < step for n in visit]
+        if earlier and (mean := sum(earlier) / len(earlier)) > 0:
+            self._ratios.extend(n / mean for n in lengths)
         if step not in visits:
             visits[step] = []
             # Keep visits ordered by step; evict the oldest beyond the window.
@@ -104,6 +112,15 @@ class LengthPredictor:
     def observe(self, prompt_id: str, step: int, length: int) -> None:
         """One response of ``prompt_id`` finished during ``step`` with ``length`` tokens (online update)."""
         self.add(prompt_id, step, [length])
+
+    def error_ratio(self, q: float) -> float:
+        """Quantile ``q`` of recent actual / predicted length ratios (prediction = mean of earlier visits).
+
+        1.0 until a prompt has come back. Example: a prompt at 100 tokens that returns at 150 gives 1.5.
+        """
+        if not self._ratios:
+            return 1.0
+        return _quantile(sorted(self._ratios), q)
 
     def lengths(self, prompt_id: str) -> list[int]:
         """Every length held for ``prompt_id`` (oldest visit first); empty when unknown."""

@@ -42,6 +42,9 @@ from sglang_histospec.core.planner import (
 )
 from sglang_histospec.core.workersim import WorkerSim
 
+CHECK_INTERVAL = 0.01
+"""Outlier scans of a step's tail are at least this share of the step's elapsed time apart."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepWork:
@@ -72,6 +75,9 @@ class PipeSimConfig:
     """One-step overlap (one step off-policy, opt-in); False = synchronous, on-policy."""
     outliers: bool = True
     """Act on outliers: migrate (synchronous) or defer (overlap)."""
+    oracle: bool = False
+    """Plan every step with its realized lengths (each group's mean) instead of history: a reference that
+    separates prediction error from what placement alone can reach."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.workers, int) and self.workers >= 1):
@@ -88,6 +94,8 @@ class StepStats:
     lower_bound: float
     tail_s: float
     migrations: int
+    history_share: float = 0.0
+    """Share of the step's groups whose prompt had history when the step was planned."""
 
 
 @dataclass(slots=True)
@@ -102,6 +110,13 @@ class PipeSimResult:
     migrations: int
     per_step: list[StepStats] = field(default_factory=list)
 
+    def warm_bound_gap(self) -> float | None:
+        """Synchronous runs: makespan over the bound, minus 1, summed over steps where every prompt had history."""
+        warm = [s for s in self.per_step if s.history_share >= 1.0]
+        if self.overlap or not warm:
+            return None
+        return sum(s.makespan for s in warm) / sum(s.lower_bound for s in warm) - 1.0
+
     def to_json(self) -> dict:
         """The contract of ``histospec pipe simulate --json`` (design.md section 5) plus details."""
         return {
@@ -115,6 +130,8 @@ class PipeSimResult:
             "idle_fraction": self.idle_fraction,
             "tail_share": self.tail_share,
             "migrations": self.migrations,
+            "warm_steps": sum(s.history_share >= 1.0 for s in self.per_step),
+            "warm_bound_gap": self.warm_bound_gap(),
             "per_step": [asdict(s) for s in self.per_step],
         }
 
@@ -192,7 +209,10 @@ class _Run:
         self.moves = [0] * n
         self.carry: dict[int, list[tuple[tuple, int]]] = {}
         self.completed = 0
-        self.check_at = math.inf  # time of the pending outlier check
+        self.history = [0.0] * n
+        self.check_at = math.inf  # time of the pending outlier scan
+        self.in_tail = [False] * n  # steps whose tail has been scanned
+        self.waiting = False  # an outlier waits for a free worker
 
     # ---- driving -------------------------------------------------------------------------------------------
     def go(self) -> PipeSimResult:
@@ -211,7 +231,9 @@ class _Run:
             self._schedule(w)
             if self.out[w] == 0:
                 self._try_start(w, t)
-            if self.cfg.outliers:
+            if self.cfg.outliers and (
+                self._tail_changed() or (self.waiting and any(worker.is_idle() for worker in self.workers))
+            ):
                 self._outliers(t)
         assert all(self.complete), "every step must complete"
         return self._result()
@@ -249,15 +271,21 @@ class _Run:
                 if self.out[w]:
                     drain = worker.drain_time(self._remaining)
                     backlog[w] = max(0.0, worker.now + drain - t)
-        plan = self.sim.planner.plan(work.step, work.groups, len(self.workers), self.predictor, backlog=backlog)
+        predictor = self.predictor
+        if self.cfg.oracle:
+            predictor = LengthPredictor(LengthPredictorConfig(window=1))
+            for g, ns in zip(work.groups, work.lengths):
+                predictor.add(g.prompt_id, work.step, ns)
+        plan = self.sim.planner.plan(work.step, work.groups, len(self.workers), predictor, backlog=backlog)
         self.plans[s] = plan
+        self.history[s] = sum(predictor.predict(g.prompt_id).known for g in work.groups) / len(work.groups)
         for w, reqs in enumerate(plan.workers):
             keys = []
             for gi, si in reqs:
                 g = work.groups[gi]
                 key = (s, gi, si)
                 self.reqs[key] = _Req(
-                    s, g.prompt_id, g.prompt_len, work.lengths[gi][si], self.predictor.predict(g.prompt_id)
+                    s, g.prompt_id, g.prompt_len, work.lengths[gi][si], predictor.predict(g.prompt_id)
                 )
                 keys.append(key)
             self.todo[(s, w)] = keys
@@ -292,6 +320,14 @@ class _Run:
             self._try_start(w, t)
 
     def _outliers(self, t: float) -> None:
+        """Scan the running requests of steps in their tail; move or defer outliers; schedule the next scan.
+
+        Scans run when a step enters its tail, at timer events (the earliest time a request crosses its
+        threshold, but at most every ``CHECK_INTERVAL`` of the step's elapsed time) and, while an outlier waits
+        for a free worker, whenever a worker goes idle.
+        """
+        self.waiting = False
+        next_check = math.inf
         for s in sorted(set(self.cur)):
             if (
                 s < 0
@@ -300,6 +336,7 @@ class _Run:
                 or not in_tail(self.unfinished[s], self.total[s], self.pcfg)
             ):
                 continue
+            self.in_tail[s] = True
             for w, worker in enumerate(self.workers):
                 if self.cur[w] != s:
                     continue
@@ -308,17 +345,22 @@ class _Run:
                     if r.moved or key not in worker.running:
                         continue
                     if not is_outlier(r.done + worker.generated_at(key, t), r.estimate, self.pcfg):
-                        # Look again when it crosses the threshold (or when its worker's batch changes).
                         limit = outlier_threshold(r.estimate, self.pcfg)
                         when = worker.time_when(key, math.floor(limit) + 1 - r.done)
-                        if t < when < self.check_at:
-                            self.check_at = when
-                            heapq.heappush(self.heap, (when, 0, -1))
+                        next_check = min(next_check, max(when, t + CHECK_INTERVAL * (t - self.start[s])))
                         continue
-                    if self.cfg.overlap:
-                        self._defer(key, w, t)
-                    else:
-                        self._migrate(key, w, t)
+                    moved = self._defer(key, w, t) if self.cfg.overlap else self._migrate(key, w, t)
+                    self.waiting = self.waiting or not moved
+        if next_check < self.check_at:
+            self.check_at = next_check
+            heapq.heappush(self.heap, (next_check, 0, -1))
+
+    def _tail_changed(self) -> bool:
+        """True when a step just entered its tail (its first scan is due)."""
+        for s in set(self.cur):
+            if s >= 0 and not self.in_tail[s] and in_tail(self.unfinished[s], self.total[s], self.pcfg):
+                return True
+        return False
 
     def _take(self, key: tuple, w: int, t: float) -> _Req | None:
         """Abort ``key`` on worker ``w`` at time ``t``, keeping its partial output (None if it finished first)."""
@@ -335,17 +377,18 @@ class _Run:
         self._schedule(w)
         return r
 
-    def _migrate(self, key: tuple, w: int, t: float) -> None:
+    def _migrate(self, key: tuple, w: int, t: float) -> bool:
+        """Move outlier ``key`` from worker ``w`` to an idle worker; False when none is idle (try again later)."""
         s = self.reqs[key].step
         source = self.workers[w]
-        if len(source.running) + len(source.queue) < 2:
-            return  # alone on its worker: moving it only costs a prefill
+        if len(source.running) + len(source.queue) < 2 or key not in source.running:
+            return True  # alone on its worker: moving it would only cost a prefill
         free = [v for v, other in enumerate(self.workers) if other.is_idle() and self.cur[v] == s and v != w]
-        if not free or key not in source.running:
-            return
+        if not free:
+            return False
         r = self._take(key, w, t)
         if r is None:
-            return
+            return True
         target = free[0]
         self.workers[target].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
         self.out[target] += 1
@@ -353,14 +396,16 @@ class _Run:
         self._schedule(target)
         if self.out[w] == 0:
             self._try_start(w, t)
+        return True
 
-    def _defer(self, key: tuple, w: int, t: float) -> None:
+    def _defer(self, key: tuple, w: int, t: float) -> bool:
+        """Take outlier ``key`` off worker ``w``; it finishes as part of the next step (on ``w``)."""
         s = self.reqs[key].step
         if s + 1 >= len(self.steps) or key not in self.workers[w].running:
-            return
+            return True
         r = self._take(key, w, t)
         if r is None:
-            return
+            return True
         r.step = s + 1
         self.moves[s] += 1
         self.unfinished[s] -= 1
@@ -375,6 +420,7 @@ class _Run:
             self._step_complete(s, t)
         if self.out[w] == 0:
             self._try_start(w, t)
+        return True
 
     # ---- results -------------------------------------------------------------------------------------------
     def _result(self) -> PipeSimResult:
@@ -395,6 +441,7 @@ class _Run:
                     lower_bound=self.cost.lower_bound(work.requests(), W),
                     tail_s=max(0.0, self.end[s] - t90),
                     migrations=self.moves[s],
+                    history_share=self.history[s],
                 )
             )
         total = max((s.end for s in per_step), default=0.0)

@@ -51,6 +51,10 @@ class PlannerConfig:
     """histopipe tier 2: split long groups over several workers."""
     search_iters: int = 24
     """Binary-search iterations of tier 2 over the target time."""
+    split_error_quantile: float | None = None
+    """Tier 2 sizes each group's pieces so they fit the target even when the group runs this quantile of the
+    predictor's observed actual/predicted ratio longer than predicted (robust to drift); None = as predicted.
+    Measured (docs/benchmarks.md): 0.9 helps with one-step overlap and costs a little in synchronous steps."""
     outlier_factor: float = 1.5
     """A request is an outlier once it has emitted more than this times its predicted mean (and its p90)."""
     tail_fraction: float = 0.10
@@ -61,6 +65,8 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig.policy={self.policy!r}: choose one of {', '.join(POLICIES)}")
         if self.length_quantile is not None and not 0.0 <= self.length_quantile <= 1.0:
             raise ValueError(f"PlannerConfig.length_quantile={self.length_quantile!r}: must be in [0, 1] or None")
+        if self.split_error_quantile is not None and not 0.0 <= self.split_error_quantile <= 1.0:
+            raise ValueError(f"PlannerConfig.split_error_quantile={self.split_error_quantile!r}: in [0, 1] or None")
         if not (isinstance(self.search_iters, int) and self.search_iters >= 0):
             raise ValueError(f"PlannerConfig.search_iters={self.search_iters!r}: must be an int >= 0")
         if not self.outlier_factor >= 1.0:
@@ -178,7 +184,9 @@ class Planner:
             return self._build(step, groups, predicted, pieces, assign, [0.0] * workers)
         # histopipe: alternate the tie order across adjacent steps (odd: ascending, longest to the last worker).
         order = range(workers - 1, -1, -1) if step % 2 == 1 else range(workers)
-        counts = self._split(groups, predicted, workers, list(backlog), order) if self.config.split else None
+        q = self.config.split_error_quantile
+        margin = 1.0 if q is None else max(1.0, lengths.error_ratio(q))
+        counts = self._split(groups, predicted, workers, list(backlog), order, margin) if self.config.split else None
         counts = counts or [[g.size] for g in groups]
         pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
         assign = self._greedy(groups, predicted, pieces, list(backlog), order)
@@ -208,9 +216,18 @@ class Planner:
         return [base + (1 if j < extra else 0) for j in range(k)]
 
     def _split(
-        self, groups: Sequence[Group], predicted: list[float], workers: int, backlog: list[float], order: Sequence[int]
+        self,
+        groups: Sequence[Group],
+        predicted: list[float],
+        workers: int,
+        backlog: list[float],
+        order: Sequence[int],
+        margin: float = 1.0,
     ) -> list[list[int]] | None:
-        """Binary search on the target time; returns the piece sizes with the smallest predicted makespan."""
+        """Binary search on the target time; returns the piece sizes with the smallest predicted makespan.
+
+        Pieces are sized for lengths ``margin`` times the prediction (see ``split_error_quantile``).
+        """
         if not groups:
             return None
         lo = max(self.piece_time(g, n, math.ceil(g.size / min(g.size, workers))) for g, n in zip(groups, predicted))
@@ -218,7 +235,7 @@ class Planner:
         best: tuple[float, list[list[int]]] | None = None
         for _ in range(self.config.search_iters + 1):
             target = (lo + hi) / 2 if best is not None else hi
-            counts = [self.split_sizes(g, n, target, workers) for g, n in zip(groups, predicted)]
+            counts = [self.split_sizes(g, n * margin, target, workers) for g, n in zip(groups, predicted)]
             pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
             assign = self._greedy(groups, predicted, pieces, list(backlog), order)
             makespan = self._makespan(groups, predicted, pieces, assign, backlog)
