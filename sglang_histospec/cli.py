@@ -19,7 +19,6 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
-    ("demo",): "sglang_histospec.commands.demo",
 }
 
 
