@@ -62,14 +62,17 @@ class ServerProcess:
         self.stop()
 
 
-def tiny_dataset(n: int = 4, with_ids: bool = True):
-    """``n`` short text prompts (``prompt_id`` column ``q0``.. unless ``with_ids`` is False)."""
+def tiny_dataset(n: int = 4, with_ids: bool = True, id_prefix: str = "q"):
+    """``n`` short text prompts with a ``prompt_id`` column ``{id_prefix}0``, ... (none if ``with_ids`` is False).
+
+    Tests sharing one server use distinct prefixes: the drafter keeps one visit per (prompt id, step) and refuses
+    a second push for the same pair, as when two runs start from step 0 on one server."""
     from datasets import Dataset
 
     prompts = [f"what is {i}+{i}?" for i in range(n)]
     data = {"prompt": prompts}
     if with_ids:
-        data["prompt_id"] = [f"q{i}" for i in range(n)]
+        data["prompt_id"] = [f"{id_prefix}{i}" for i in range(n)]
     return Dataset.from_dict(data)
 
 

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import torch
@@ -41,8 +41,11 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
     """Drop-in ``GRPOTrainer`` (same constructor) that needs a ``HistoSpecGRPOConfig``.
 
     Attributes added: ``servers`` (``RolloutServers``), ``histospec`` (the generation backend; ``histospec.records``,
-    ``histospec.synced_steps``), ``history_pushes`` (list of ``(step, responses pushed)`` on the main process).
+    ``histospec.synced_steps``), ``history_pushes`` (list of ``(step, responses pushed)`` on the main process),
+    ``recent_generations`` (this rank's last ``RECENT_GENERATIONS`` generation records, oldest first).
     """
+
+    RECENT_GENERATIONS = 64
 
     def __init__(self, model: Any, reward_funcs: Any = None, args: HistoSpecGRPOConfig | None = None, **kwargs: Any):
         if not isinstance(args, HistoSpecGRPOConfig):
@@ -72,6 +75,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
         self._histospec_row_ids: list[str] | None = None
         self._histospec_rewards: torch.Tensor | None = None
         self.history_pushes: list[tuple[int, int]] = []
+        self.recent_generations: deque[GenerationRecord] = deque(maxlen=self.RECENT_GENERATIONS)
         self.histospec = HistoSpecGeneration(
             self.servers,
             weight_sync,
@@ -96,6 +100,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         records, self.histospec.records = self.histospec.records, []
+        self.recent_generations.extend(records)
         if records:  # a rollout_func of the user's may have generated instead
             self._log_speculation(records, mode)
             if mode == "train" and args.push_history and self._histospec_rewards is not None:
