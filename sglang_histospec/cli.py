@@ -17,6 +17,7 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("trace", "synth"): "sglang_histospec.commands.trace_synth",
     ("serve",): "sglang_histospec.commands.serve",
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
+    ("route",): "sglang_histospec.commands.route",
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
 }

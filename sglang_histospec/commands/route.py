@@ -1,0 +1,59 @@
+"""``histospec route``: the HistoPipe router in front of several rollout servers.
+
+Example: ``histospec route --backends http://127.0.0.1:30001,http://127.0.0.1:30002 --policy histopipe --port 30000``.
+Routes: ``POST /histopipe/step``, ``POST /generate``, history fan-out, health, stats, metrics (router/app.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+COMMAND = ("route",)
+HELP = (
+    "HistoPipe router: plan steps across rollout servers, forward /generate, fan out history, survive a dead backend"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sglang_histospec.core.planner import POLICIES
+
+    parser.add_argument("--backends", required=True, help="comma-separated base URLs of rollout servers")
+    parser.add_argument("--policy", choices=POLICIES, default="histopipe")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("HISTOSPEC_ADMIN_API_KEY"),
+        help="sent to the backends; guards the router's admin routes (default $HISTOSPEC_ADMIN_API_KEY)",
+    )
+    parser.add_argument("--health-interval-s", type=float, default=2.0)
+    parser.add_argument("--request-timeout-s", type=float, default=600.0)
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from sglang_histospec.router.app import create_app
+    from sglang_histospec.router.router import Router, RouterConfig
+    from sglang_histospec.server.launch import check_bind, run_app
+
+    try:
+        check_bind(args.host, args.admin_api_key)
+        config = RouterConfig(
+            backends=[u for u in args.backends.split(",") if u],
+            policy=args.policy,
+            admin_api_key=args.admin_api_key,
+            health_interval_s=args.health_interval_s,
+            request_timeout_s=args.request_timeout_s,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    router = Router(config)
+    router.start()
+    try:
+        run_app(create_app(router), args.host, args.port, args.admin_api_key, args.log_level)
+    finally:
+        router.close()
+    return 0
