@@ -50,9 +50,14 @@ template <class Src>
 bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Config& cfg, DraftOut& out,
             std::vector<TreeNode>* record = nullptr) {
   using Node = typename Src::Node;
-  std::vector<Node> nodes;
-  std::vector<Cand> heap;
-  std::vector<Selected> sel;
+  // Per-thread scratch, reused across calls (expand is not re-entered): no allocation per draft.
+  static thread_local std::vector<Node> nodes;
+  static thread_local std::vector<Cand> heap;
+  static thread_local std::vector<Selected> sel;
+  static thread_local std::vector<int32_t> first_child, next_sibling, last_child, order, out_index;
+  nodes.clear();
+  heap.clear();
+  sel.clear();
   nodes.push_back(root);
   int64_t seq = 0;
   auto push_children = [&](int32_t ni, double p_parent, int32_t parent_sel) {
@@ -86,14 +91,16 @@ bool expand(Src& src, const typename Src::Node& root, int32_t budget, const Conf
   if (sel.empty()) return false;
   // BFS output: children lists in pop order, traversed breadth-first from the root.
   const int32_t k = static_cast<int32_t>(sel.size());
-  std::vector<int32_t> first_child(k + 1, -1), next_sibling(k, -1), last_child(k + 1, -1);
+  first_child.assign(k + 1, -1);
+  next_sibling.assign(k, -1);
+  last_child.assign(k + 1, -1);
   for (int32_t i = 0; i < k; ++i) {
     const int32_t par = sel[i].parent_sel + 1;  // 0 = root
     if (last_child[par] < 0) first_child[par] = i; else next_sibling[last_child[par]] = i;
     last_child[par] = i;
   }
-  std::vector<int32_t> order, out_index(k, -1);
-  order.reserve(k);
+  order.clear();
+  out_index.assign(k, -1);
   for (int32_t c = first_child[0]; c >= 0; c = next_sibling[c]) order.push_back(c);
   for (size_t h = 0; h < order.size(); ++h)
     for (int32_t c = first_child[order[h] + 1]; c >= 0; c = next_sibling[c]) order.push_back(c);
@@ -464,7 +471,11 @@ void Drafter::longest_match(const Index& index, const std::vector<int32_t>& c, M
     len = lo;
     range = lo_range;
   }
-  cache = {index.id(), n, len, range};
+  cache.index_id = index.id();
+  cache.ctx_len = n;
+  cache.len = len;
+  cache.range = range;
+  cache.tree.clear();  // keeps its capacity
 }
 
 bool Drafter::draft_from_parts(const std::vector<IndexPtr>& parts, Request& req, std::vector<MatchCache>& caches,
@@ -472,15 +483,21 @@ bool Drafter::draft_from_parts(const std::vector<IndexPtr>& parts, Request& req,
   const std::vector<int32_t>& c = req.ctx;
   const int64_t n = static_cast<int64_t>(c.size());
   // 1. Per part, the longest occurring suffix, advanced from the cached state of the same part.
-  std::vector<MatchCache> next(parts.size());
   int32_t longest = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    for (const MatchCache& mc : caches)
-      if (mc.index_id == parts[i]->id()) next[i] = mc;
-    longest_match(*parts[i], c, next[i]);
-    longest = std::max(longest, next[i].len);
+  const bool aligned = caches.size() == parts.size() &&
+                       std::equal(parts.begin(), parts.end(), caches.begin(),
+                                  [](const IndexPtr& x, const MatchCache& mc) { return x->id() == mc.index_id; });
+  if (!aligned) {  // parts changed (new history, sibling merges): keep the states of the parts still present
+    std::vector<MatchCache> next(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i)
+      for (MatchCache& mc : caches)
+        if (mc.index_id == parts[i]->id()) next[i] = std::move(mc);
+    caches.swap(next);
   }
-  caches.swap(next);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    longest_match(*parts[i], c, caches[i]);
+    longest = std::max(longest, caches[i].len);
+  }
 
   // 2. Back off from the longest match to min_match until an expansion is non-empty.
   if (parts.size() == 1) {
