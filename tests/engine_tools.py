@@ -7,6 +7,10 @@ Example: ``ScriptedDrafter({"p0": [5, 6, 7]}, branch=2)`` drafts, for a request 
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
+
 from sglang_histospec.core import ROOT, Draft
 
 
@@ -88,3 +92,39 @@ class FixedBudgets:
 
     def remove(self, req_id):
         pass
+
+
+def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Independent numpy reference: softmax(l / T), top-k renorm, then top-p renorm (greedy: softmax(l))."""
+    t = 1.0 if temperature == 0 else temperature
+    p = np.exp((logits - logits.max()) / t)
+    p /= p.sum()
+    if temperature == 0:
+        return p
+    if 0 < top_k < len(p):
+        keep = np.argsort(-p, kind="stable")[:top_k]
+        q = np.zeros_like(p)
+        q[keep] = p[keep]
+        p = q / q.sum()
+    if top_p < 1:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        n_keep = int(np.searchsorted(cum, top_p) + 1)  # smallest prefix whose mass reaches top_p
+        q = np.zeros_like(p)
+        q[order[:n_keep]] = p[order[:n_keep]]
+        p = q / q.sum()
+    return p
+
+
+@contextlib.contextmanager
+def torch_threads(n: int = 1):
+    """Run torch on ``n`` CPU threads inside the block (tiny models gain nothing from more, and on a loaded
+    machine OpenMP barriers across threads cost far more than they save)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -76,6 +76,13 @@ def _ancestor_mask(parents: list[int]) -> np.ndarray:
     return m
 
 
+def _depth(parents: list[int]) -> int:
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    return max(depth)
+
+
 def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], list[int]]:
     """Keep at most ``budget`` nodes whose token is in the vocabulary and whose parent was kept.
 
@@ -93,6 +100,20 @@ def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], li
         tokens.append(int(tok))
         parents.append(remap[par])
     return tokens, parents
+
+
+class _Rows:
+    """Lazy float64 numpy rows of a ``[R, V]`` probability tensor (only the nodes a verify walk visits are copied
+    off the device), offset to one request's block."""
+
+    __slots__ = ("probs", "offset")
+
+    def __init__(self, probs: torch.Tensor, offset: int) -> None:
+        self.probs = probs
+        self.offset = offset
+
+    def __getitem__(self, node: int) -> np.ndarray:
+        return self.probs[self.offset + node].to("cpu", torch.float64).numpy()
 
 
 class Engine:
@@ -457,11 +478,10 @@ class Engine:
         probs = process_logits(
             logits, temp.repeat_interleave(reps), top_k.repeat_interleave(reps), top_p.repeat_interleave(reps)
         )
-        probs = probs.to("cpu", torch.float64).numpy()
         offsets = np.concatenate([[0], np.cumsum(counts)])
         mv_slot, mv_src, mv_dst = [], [], []
         for b, (st, (toks, pars)) in enumerate(zip(running, trees)):
-            res = verify_tree(probs[offsets[b] : offsets[b + 1]], toks, pars, sp[b].is_greedy, st.rng)
+            res = verify_tree(_Rows(probs, int(offsets[b])), toks, pars, sp[b].is_greedy, st.rng)
             st.verify_ct += 1
             st.draft_ct += len(toks) - 1
             self._stats["verify_steps"] += 1
@@ -484,8 +504,8 @@ class Engine:
             self._stats["accepted_tokens"] += accepted
             self._stats["generated_tokens"] += emitted
             self._stats["step_tokens"] += emitted
-            if self._speculate:
-                self.budgets.update(st.req.rid, len(toks) - 1, accepted)
+            if self._speculate:  # the budget controller counts chain depth: the tree's depth, the accepted length
+                self.budgets.update(st.req.rid, _depth(pars), accepted)
             if st.finish is None:
                 # compact the accepted path: node i_k's K/V (written at kv_len + i_k) moves to kv_len + k
                 for k, node in enumerate(res.accepted_nodes, start=1):

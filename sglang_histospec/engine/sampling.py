@@ -71,7 +71,7 @@ def _sample(probs: np.ndarray, u: float) -> int:
 
 
 def verify_tree(
-    probs: np.ndarray,  # [n, V] processed distribution at each node (float64 preferred)
+    probs,  # [n, V] processed distribution at each node: an array, or anything whose probs[i] is a float64 row
     tokens: list[int],  # [n] node tokens; tokens[0] is the root (not verified)
     parents: list[int],  # [n] parent node index; parents[0] = -1, parents[i] < i
     greedy: bool,
