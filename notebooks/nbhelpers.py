@@ -33,23 +33,32 @@ class Settings:
     small: bool
     """``$HISTOSPEC_NB_SMALL=1``: small configurations (CI, about 10-30 s per notebook)."""
     demo_dir: Path
-    """``$HISTOSPEC_DEMO_DIR`` or ``<repo>/runs/demo``: where ``histospec demo`` writes its trace and summary."""
+    """``$HISTOSPEC_DEMO_DIR`` or ``<repo>/histospec-demo`` (``make demo``'s ``--out-dir``): the demo's
+    ``trace.jsonl.gz`` and ``summary.json``."""
+    run_demo: bool
+    """``$HISTOSPEC_NB_RUN_DEMO``: 04_training runs ``histospec demo --quick`` when the demo output is missing
+    (default: yes, except in small configurations)."""
 
 
 def settings() -> Settings:
     """The parameters of this run, from the environment."""
+    small = os.environ.get("HISTOSPEC_NB_SMALL", "") not in ("", "0")
     return Settings(
         trace=os.environ.get("HISTOSPEC_NB_TRACE") or None,
-        small=os.environ.get("HISTOSPEC_NB_SMALL", "") not in ("", "0"),
-        demo_dir=Path(os.environ.get("HISTOSPEC_DEMO_DIR") or REPO / "runs" / "demo"),
+        small=small,
+        demo_dir=Path(os.environ.get("HISTOSPEC_DEMO_DIR") or REPO / "histospec-demo"),
+        run_demo=os.environ.get("HISTOSPEC_NB_RUN_DEMO", "0" if small else "1") not in ("", "0"),
     )
 
 
 def demo_trace(demo_dir: str | os.PathLike) -> Path | None:
-    """The newest rollout trace (``*.jsonl.gz`` or ``*.jsonl``) under ``demo_dir``, or None."""
+    """``demo_dir/trace.jsonl.gz`` (what ``histospec demo`` writes), else the newest ``*.jsonl(.gz)`` under
+    ``demo_dir``, or None."""
     root = Path(demo_dir)
     if not root.is_dir():
         return None
+    if (root / "trace.jsonl.gz").is_file():
+        return root / "trace.jsonl.gz"
     found = [p for pat in ("*.jsonl.gz", "*.jsonl") for p in root.rglob(pat) if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
@@ -91,3 +100,39 @@ def resolve_trace(
         f"{f' x {cfg.steps_per_epoch} steps' if cfg.steps_per_epoch > 1 else ''}, "
         "core/synth.py; not a real run)"
     )
+
+
+def demo_summary(demo_dir: str | os.PathLike) -> tuple[dict, str | None] | None:
+    """``(summary, trace path)`` of the ``histospec demo`` run in ``demo_dir`` (its ``summary.json``), or None.
+
+    The summary's ``trace`` is resolved against the working directory, the repository root and ``demo_dir``
+    (the demo records it relative to where it ran); the path is None when none of them has the file.
+    """
+    import json
+
+    path = Path(demo_dir) / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    rel = Path(summary.get("trace") or "trace.jsonl.gz")
+    for cand in (rel, REPO / rel, Path(demo_dir) / rel.name):
+        if cand.is_file():
+            return summary, str(cand)
+    return summary, None
+
+
+def run_demo(demo_dir: str | os.PathLike, args: list[str]) -> None:
+    """Run ``histospec demo ARGS --out-dir DEMO_DIR --json`` with this interpreter; prints its last lines.
+
+    Raises RuntimeError with the demo's output when it fails.
+    """
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "sglang_histospec.cli", "demo", *args, "--out-dir", str(demo_dir), "--json"]
+    print("running:", " ".join(cmd[2:]), flush=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-25:])
+    if proc.returncode != 0:
+        raise RuntimeError(f"histospec demo failed (exit {proc.returncode}):\n{tail}")
+    print("\n".join(ln for ln in tail.splitlines() if not ln.startswith("{")))

@@ -18,6 +18,8 @@ import nbformat
 import pytest
 
 from sglang_histospec.core.synth import SynthConfig, write_synthetic
+from sglang_histospec.demo import model as demo_model
+from sglang_histospec.demo.task import TaskConfig
 
 NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -33,12 +35,55 @@ def _load(name: str):  # noqa: ANN202
 runner = _load("run")
 nbhelpers = _load("nbhelpers")
 
+# A very small demo model: 04_training needs the demo's real output (two runs of the real engine), not its quality.
+TINY_DEMO = demo_model.DemoModelConfig(
+    task=TaskConfig(seed=11, num_prompts=4),
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    train_examples=256,
+    max_steps=10,
+    batch_size=32,
+    warmup_steps=2,
+    target_reward=None,
+)
 
-def _execute(name: str, tmp_path: Path, trace: str = ""):  # noqa: ANN202
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``histospec demo --policy frozen`` writes (summary.json, trace.jsonl.gz), made with the demo's own
+    functions on the tiny model: two real runs through the embedded engine, with and without HistoSpec."""
+    from sglang_histospec.demo.report import compare_epochs, summary
+    from sglang_histospec.demo.rollouts import RolloutConfig, sample_epochs
+    from sglang_histospec.demo.task import ArithTask
+
+    out = tmp_path_factory.mktemp("demo-out")
+    model_dir = demo_model.build_or_load_demo_model(out / "cache", config=TINY_DEMO, progress=False)
+    cfg = RolloutConfig(epochs=2, group_size=2, max_new_tokens=24)
+    runs = {
+        mode: sample_epochs(
+            model_dir, ArithTask(TINY_DEMO.task), cfg, mode, out / "trace.jsonl.gz" if mode == "HISTOSPEC" else None,
+            progress=False,
+        )
+        for mode in ("HISTOSPEC", "NONE")
+    }  # fmt: skip
+    rows = compare_epochs(runs["HISTOSPEC"], runs["NONE"])
+    (out / "summary.json").write_text(json.dumps(summary(rows, str(out / "trace.jsonl.gz"), policy="frozen")))
+    return out
+
+
+def _execute(name: str, tmp_path: Path, trace: str = "", demo_dir: Path | None = None, **env: str):  # noqa: ANN202
     (tmp_path / "no-demo").mkdir(exist_ok=True)
-    env = {"HISTOSPEC_NB_SMALL": "1", "HISTOSPEC_NB_TRACE": trace, "HISTOSPEC_DEMO_DIR": str(tmp_path / "no-demo")}
+    env = {
+        "HISTOSPEC_NB_SMALL": "1",
+        "HISTOSPEC_NB_TRACE": trace,
+        "HISTOSPEC_DEMO_DIR": str(demo_dir or tmp_path / "no-demo"),
+        **env,
+    }
     (path,) = runner.notebooks([name])
-    return runner.execute(path, env, timeout=300)
+    return runner.execute(path, env, timeout=600)
 
 
 def _outputs(nb) -> list:  # noqa: ANN001
@@ -136,3 +181,35 @@ def test_03_histopipe(tmp_path: Path) -> None:
     for r in rows:
         assert 0.0 <= r["idle_fraction"] <= 1.0
         assert math.isfinite(r["makespan"]) and r["makespan"] >= r["lower_bound"] * (1 - 1e-9) > 0
+
+
+def test_04_training_on_the_demo_output(tmp_path: Path, demo_dir: Path) -> None:
+    nb = _execute("04_training", tmp_path, demo_dir=demo_dir)
+    _check_ran(nb)
+    s = _summary(nb)
+    demo = json.loads((demo_dir / "summary.json").read_text())
+    assert s["mode"] == "demo" and s["needs"] is None and s["synthetic"] is False
+    assert s["epochs"] == [0, 1] and s["trace_responses"] == [4 * 2, 4 * 2]
+    assert s["reward_histospec"] == [r["reward_histospec"] for r in demo["per_epoch"]]
+    assert s["rollout_s_plain"] == [r["rollout_s_plain"] for r in demo["per_epoch"]]
+    assert s["trace_matches_summary"] is True  # the trace holds exactly the HistoSpec run's rewarded responses
+    assert all(z >= 0 for z in s["reward_z"]) and isinstance(s["rewards_agree"], bool)
+
+
+def test_04_training_on_a_trace_alone_says_what_it_needs(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.jsonl.gz"
+    write_synthetic(str(trace), SynthConfig(prompts=5, group_size=2, epochs=3, mean_len=16, vocab=100, seed=3))
+    nb = _execute("04_training", tmp_path, trace=str(trace))
+    _check_ran(nb)
+    s = _summary(nb)
+    assert s["mode"] == "trace-only" and s["trace"] == str(trace) and "make demo" in s["needs"]
+    assert s["epochs"] == [0, 1, 2] and s["trace_responses"] == [10, 10, 10] and s["rewards_agree"] is None
+
+
+@pytest.mark.slow
+def test_04_training_runs_the_quick_demo_when_its_output_is_missing(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    nb = _execute("04_training", tmp_path, demo_dir=out, HISTOSPEC_NB_RUN_DEMO="1")
+    _check_ran(nb)
+    s = _summary(nb)
+    assert s["mode"] == "demo" and (out / "summary.json").is_file() and s["trace_matches_summary"] is True
