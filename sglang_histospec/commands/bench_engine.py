@@ -1,0 +1,227 @@
+"""``histospec bench engine``: tokens/s of the embedded engine with HistoSpec, without it, and HF ``generate``.
+
+Workload: a fixed prompt set repeated every epoch (an RL rollout without weight updates), ``--group-size``
+samples per prompt at temperature 1, ``--batch`` requests decoded together. Epoch 0 fills the history (the
+HistoSpec engine records its own finished responses, ``end_step`` closes each epoch); epochs 1.. are measured.
+In every measured epoch the three systems run the same requests one after the other (same seeds for the two
+engine runs), so the ratios come from one run under the same machine load; the JSON reports medians over the
+measured epochs.
+
+Example::
+
+    histospec bench engine --json             # the demo model (trained and cached on first use)
+    histospec bench engine --model DIR --epochs 4 --batch 16 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+COMMAND = ("bench", "engine")
+HELP = "Tokens/s of the embedded engine with HistoSpec, without, and of transformers generate (repeated prompts)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model directory; default: the demo model (built on first use)")
+    parser.add_argument("--quick-model", action="store_true", help="use the quick demo model (smaller, less trained)")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs; the first only fills the history")
+    parser.add_argument("--num-prompts", type=int, default=16, help="prompts in the repeated set")
+    parser.add_argument("--group-size", type=int, default=4, help="samples per prompt and epoch")
+    parser.add_argument("--batch", type=int, default=16, help="requests decoded together (all three systems)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--num-draft-tokens", type=int, default=16, help="draft node cap per request and step")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+
+
+def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int]], str]:
+    """(prompt ids, token ids, description). Demo task prompts when the model has a tokenizer, else random ids."""
+    if tokenizer is not None:
+        try:
+            from sglang_histospec.demo import ArithTask
+
+            task = ArithTask()
+            chosen = task.prompts[: args.num_prompts]
+            return [p.prompt_id for p in chosen], [tokenizer(p.text).input_ids for p in chosen], "demo arithmetic task"
+        except Exception:  # a foreign tokenizer that cannot encode the task still gets random prompts
+            pass
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    ids = [rng.integers(3, vocab_size, size=8).tolist() for _ in range(args.num_prompts)]
+    return [f"rand-{i}" for i in range(args.num_prompts)], ids, "random token prompts"
+
+
+def _engine_epoch(engine, prompt_ids, token_ids, args, epoch: int) -> tuple[float, int, dict]:
+    from sglang_histospec.engine import GenerateRequest, SamplingParams
+
+    reqs = [
+        GenerateRequest(
+            rid=f"e{epoch}-{pid}-{k}",
+            input_ids=toks,
+            prompt_id=pid,
+            sampling=SamplingParams(
+                temperature=args.temperature,
+                max_new_tokens=args.max_new_tokens,
+                seed=args.seed * 1_000_003 + epoch * 10_007 + i * 101 + k,
+            ),
+        )
+        for i, (pid, toks) in enumerate(zip(prompt_ids, token_ids))
+        for k in range(args.group_size)
+    ]
+    before = engine.stats()
+    start = time.perf_counter()
+    results = engine.generate(reqs)
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    engine.drafter.end_step(epoch)
+    tokens = sum(r.completion_tokens for r in results)
+    steps = sum(r.spec_verify_ct for r in results)
+    return (
+        wall,
+        tokens,
+        {
+            "tau": tokens / steps if steps else 0.0,
+            "accepted": after["accepted_tokens"] - before["accepted_tokens"],
+            "drafted": after["draft_tokens"] - before["draft_tokens"],
+        },
+    )
+
+
+def _hf_epoch(model, token_ids, args, eos_ids, pad_id: int, epoch: int) -> tuple[float, int]:
+    import torch
+
+    reqs = [toks for toks in token_ids for _ in range(args.group_size)]
+    device = next(model.parameters()).device
+    tokens = 0
+    start = time.perf_counter()
+    for lo in range(0, len(reqs), args.batch):
+        chunk = reqs[lo : lo + args.batch]
+        width = max(len(t) for t in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, t in enumerate(chunk):  # left padding
+            ids[j, width - len(t) :] = torch.tensor(t)
+            mask[j, width - len(t) :] = 1
+        torch.manual_seed(args.seed + epoch * 7919 + lo)
+        with torch.inference_mode():
+            out = model.generate(
+                ids.to(device),
+                attention_mask=mask.to(device),
+                do_sample=args.temperature > 0,
+                temperature=args.temperature if args.temperature > 0 else None,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=args.max_new_tokens,
+                eos_token_id=sorted(eos_ids) or None,
+                pad_token_id=pad_id,
+            )
+        for row in out[:, width:].tolist():
+            n = 0
+            for tok in row:
+                n += 1
+                if tok in eos_ids:
+                    break
+            tokens += n
+    return time.perf_counter() - start, tokens
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from sglang_histospec.engine import EngineConfig
+    from sglang_histospec.engine.engine import Engine
+
+    if args.epochs < 2:
+        raise SystemExit("--epochs must be >= 2 (epoch 0 only fills the history)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_label = args.model
+    if args.model is None:
+        from sglang_histospec.demo import build_or_load_demo_model
+
+        args.model = str(build_or_load_demo_model(quick=args.quick_model, progress=not args.json))
+        model_label = f"demo model ({'quick' if args.quick_model else 'default'} config): {args.model}"
+
+    def make(alg: str) -> Engine:
+        return Engine(
+            EngineConfig(
+                model_path=args.model,
+                device=args.device,
+                speculative_algorithm=alg,
+                max_running_requests=args.batch,
+                num_draft_tokens=args.num_draft_tokens,
+                seed=args.seed,
+            )
+        )
+
+    spec, plain = make("HISTOSPEC"), make("NONE")
+    prompt_ids, token_ids, workload = _prompts(args, spec.tokenizer, spec.vocab_size)
+    hf_model = None if args.no_hf else spec.model  # the same weights, in HF's own generate loop
+    pad_id = (
+        spec.tokenizer.pad_token_id if spec.tokenizer is not None and spec.tokenizer.pad_token_id is not None else 0
+    )
+    rows = []
+    for epoch in range(args.epochs):
+        s_wall, s_tok, s_info = _engine_epoch(spec, prompt_ids, token_ids, args, epoch)
+        p_wall, p_tok, _ = _engine_epoch(plain, prompt_ids, token_ids, args, epoch)
+        h_wall, h_tok = (
+            _hf_epoch(hf_model, token_ids, args, spec.eos_token_ids, pad_id, epoch) if hf_model is not None else (0, 0)
+        )
+        row = {
+            "epoch": epoch,
+            "tokens_per_s_histospec": s_tok / s_wall,
+            "tokens_per_s_plain": p_tok / p_wall,
+            "tokens_per_s_hf_generate": h_tok / h_wall if h_wall else None,
+            "tau": s_info["tau"],
+            "accept_rate": s_info["accepted"] / s_info["drafted"] if s_info["drafted"] else 0.0,
+            "tokens_histospec": s_tok,
+            "tokens_plain": p_tok,
+        }
+        rows.append(row)
+        print(
+            f"epoch {epoch}{' (fills history, not measured)' if epoch == 0 else ''}: "
+            f"histospec {row['tokens_per_s_histospec']:.0f} tok/s (tau {row['tau']:.2f}), "
+            f"plain {row['tokens_per_s_plain']:.0f} tok/s"
+            + (f", hf generate {row['tokens_per_s_hf_generate']:.0f} tok/s" if h_wall else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+    measured = rows[1:]
+
+    def med(key):
+        vals = [r[key] for r in measured if r[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    s, p = med("tokens_per_s_histospec"), med("tokens_per_s_plain")
+    out = {
+        "tokens_per_s_histospec": s,
+        "tokens_per_s_plain": p,
+        "tokens_per_s_hf_generate": med("tokens_per_s_hf_generate"),
+        "speedup": statistics.median(r["tokens_per_s_histospec"] / r["tokens_per_s_plain"] for r in measured),
+        "tau": med("tau"),
+        "accept_rate": med("accept_rate"),
+        "batch": args.batch,
+        "epochs_measured": len(measured),
+        "requests_per_epoch": len(token_ids) * args.group_size,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "num_draft_tokens": args.num_draft_tokens,
+        "model": model_label,
+        "workload": workload,
+        "device": str(spec.device),
+        "torch_threads": torch.get_num_threads(),
+        "per_epoch": rows,
+    }
+    if p and out["tokens_per_s_hf_generate"]:
+        out["plain_vs_hf_generate"] = p / out["tokens_per_s_hf_generate"]
+    print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+    return 0
