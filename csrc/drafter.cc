@@ -188,8 +188,8 @@ struct SelfSource {
   template <class Emit>
   void children(const Node& nd, int64_t min_w, Emit&& emit) const {
     const int32_t n = static_cast<int32_t>(ctx.size());
-    std::vector<std::pair<int32_t, int32_t>> next;  // (token, end + 1)
-    next.reserve(nd.ends.size());
+    static thread_local std::vector<std::pair<int32_t, int32_t>> next;  // (token, end + 1)
+    next.clear();
     for (int32_t j : nd.ends)
       if (j + 1 < n) next.emplace_back(ctx[j + 1], j + 1);
     std::sort(next.begin(), next.end());
@@ -542,12 +542,13 @@ bool Drafter::draft_from_self(const Request& req, int32_t budget, DraftOut& out)
   const int32_t cap = std::min(cfg_.max_match, n);
   // Earlier occurrences of the last token, with the length of their common suffix with the context (capped),
   // bucketed by that length (counting sort, longest first).
-  std::vector<std::pair<int32_t, int32_t>> cands;  // (common suffix length, end position)
+  static thread_local std::vector<std::pair<int32_t, int32_t>> cands, raw;  // (common suffix length, end)
+  static thread_local std::vector<int32_t> count, ends;
+  cands.clear();
   auto it = req.positions.find(c[n - 1]);
   if (it != req.positions.end()) {
-    std::vector<int32_t> count(cap + 2, 0);
-    std::vector<std::pair<int32_t, int32_t>> raw;
-    raw.reserve(it->second.size());
+    count.assign(cap + 2, 0);
+    raw.clear();
     for (int32_t j : it->second) {
       if (j >= n - 1) break;
       int32_t l = 1;
@@ -562,7 +563,7 @@ bool Drafter::draft_from_self(const Request& req, int32_t budget, DraftOut& out)
   SelfSource src{c, cfg_.use_frequency};
   // The occurrence set only changes at the distinct common-suffix lengths: try them longest first.
   size_t taken = 0;
-  std::vector<int32_t> ends;
+  ends.clear();
   for (int32_t l = cap; l >= std::max(cfg_.min_match, 1); --l) {
     while (taken < cands.size() && cands[taken].first >= l) ends.push_back(cands[taken++].second);
     if (ends.empty()) {
