@@ -20,6 +20,7 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("route",): "sglang_histospec.commands.route",
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
+    ("demo",): "sglang_histospec.commands.demo",
     ("bench", "engine"): "sglang_histospec.commands.bench_engine",
 }
 

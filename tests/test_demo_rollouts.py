@@ -9,22 +9,8 @@ import pytest
 from sglang_histospec.core.trace import load_steps
 from sglang_histospec.demo import model as demo_model
 from sglang_histospec.demo.rollouts import RolloutConfig, request_seed, sample_epochs
-from sglang_histospec.demo.task import ArithTask, TaskConfig
-
-TINY = demo_model.DemoModelConfig(
-    task=TaskConfig(seed=11, num_prompts=4),
-    hidden_size=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    intermediate_size=64,
-    train_examples=512,
-    max_steps=30,
-    batch_size=32,
-    learning_rate=1e-2,
-    warmup_steps=5,
-    target_reward=None,
-)
+from sglang_histospec.demo.task import ArithTask
+from tests.demo_tools import TINY
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +34,7 @@ def test_rollout_config_validation(kwargs, match):
 
 def test_epochs_write_a_trace_and_histospec_drafts_from_history(tiny_model, tmp_path):
     task = ArithTask(TINY.task)
-    cfg = RolloutConfig(epochs=2, group_size=3, max_new_tokens=24, max_running_requests=8)
+    cfg = RolloutConfig(epochs=2, group_size=3, num_prompts=4, max_new_tokens=24, max_running_requests=8)
     trace = tmp_path / "run.jsonl.gz"
     spec = sample_epochs(tiny_model, task, cfg, "HISTOSPEC", trace_path=trace, progress=False)
     plain = sample_epochs(tiny_model, task, dataclasses.replace(cfg, epochs=1), "NONE", progress=False)
@@ -70,5 +56,5 @@ def test_epochs_write_a_trace_and_histospec_drafts_from_history(tiny_model, tmp_
             assert rec.reward == task.reward(prompt.text, tok.decode(rec.response, skip_special_tokens=True))
         assert stats.mean_reward == pytest.approx(sum(r.reward for r in st.records) / 12)
     assert {(r.prompt_id, r.sample) for r in steps[0].records} == {
-        (p.prompt_id, k) for p in task.prompts for k in range(3)
+        (p.prompt_id, k) for p in task.prompts[:4] for k in range(3)
     }

@@ -20,22 +20,7 @@ from sglang_histospec.demo.task import (
     solution_text,
 )
 from sglang_histospec.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
-
-# A model small enough to pretrain in a few seconds on a busy 2-core machine.
-TINY = demo_model.DemoModelConfig(
-    task=TaskConfig(seed=3, num_prompts=8),
-    hidden_size=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    intermediate_size=64,
-    train_examples=512,
-    max_steps=40,
-    batch_size=32,
-    learning_rate=1e-2,
-    warmup_steps=5,
-    target_reward=None,
-)
+from tests.demo_tools import TINY
 
 
 @pytest.mark.parametrize(

@@ -69,12 +69,12 @@ class EpochStats:
     """Generated tokens (EOS included)."""
     verify_steps: int
     """Request-steps: one per request per verify forward."""
-    forward_passes: int
-    """Batched verify forwards (what costs time)."""
     drafted: int
     accepted: int
     seconds: float
     """Wall time of the epoch's generation."""
+    forward_passes: int | None = None
+    """Batched verify forwards (what costs time), when the engine is in this process."""
 
     @property
     def tau(self) -> float:
