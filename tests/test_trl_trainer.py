@@ -50,7 +50,8 @@ def make_trainer(model_dir, url, out_dir, dataset=None, reward=length_reward, to
     tok = tokenizer or AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    args = HistoSpecGRPOConfig(output_dir=str(out_dir), rollout_urls=[url], **tiny_grpo_kwargs(**overrides))
+    urls = url if isinstance(url, list) else [url]
+    args = HistoSpecGRPOConfig(output_dir=str(out_dir), rollout_urls=urls, **tiny_grpo_kwargs(**overrides))
     return HistoSpecGRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -174,6 +175,25 @@ def test_sync_and_push_follow_trl_generation_schedule(
     per_generation = 4 * grad_accum  # per_device_train_batch_size * steps_per_generation
     assert all(n == per_generation for _, n in trainer.history_pushes)
     assert all(math.isfinite(h["loss"]) for h in step_logs(trainer))
+
+
+def test_several_servers_get_weights_and_history_and_share_the_requests(model_dir, servers, tmp_path):
+    """rollout_urls with two servers: each group goes to one server (by prompt id), weights and history to both."""
+    before = [servers[k].client.stats() for k in ("on", "off")]
+    urls = [servers["on"].url, servers["off"].url]
+    trainer = make_trainer(model_dir, urls, tmp_path, dataset=tiny_dataset(2, id_prefix="multi-"))
+    trainer.train()
+    after = [servers[k].client.stats() for k in ("on", "off")]
+    delta = [
+        {k: a[k] - b[k] for k in ("requests", "history_responses_pushed", "weight_updates")}
+        for a, b in zip(after, before)
+    ]
+    assert [d["weight_updates"] for d in delta] == [2, 2]
+    assert [d["history_responses_pushed"] for d in delta] == [8, 8]
+    assert sum(d["requests"] for d in delta) == 8
+    for record in trainer.recent_generations:
+        assert len({c.server for c in record.completions}) == 1  # one prompt per step: its group on one server
+    assert [servers[k].client.model_info()["weight_version"] for k in ("on", "off")] == ["1", "1"]
 
 
 def test_rollout_func_with_stock_grpo_trainer(model_dir, servers, tmp_path):

@@ -53,7 +53,8 @@ def make_rollout_func(
         if not getattr(trainer, "use_vllm", False) and trainer.state.global_step != state["last_step"]:
             if state["sync"] is None:
                 directory = weight_sync_dir or os.path.join(trainer.args.output_dir or ".", "histospec-weights")
-                state["sync"] = DiskWeightSync(servers if accelerator.is_main_process else None, directory)
+                main = accelerator.is_main_process
+                state["sync"] = DiskWeightSync(servers if main else None, directory, trainer.processing_class)
             state["sync"].sync(accelerator, trainer.model, trainer.state.global_step)
             state["last_step"] = trainer.state.global_step
         prompt_token_ids, _, _ = trainer._tokenize_prompts(prompts)

@@ -187,6 +187,17 @@ class RolloutServers:
         """POST ``body`` to ``route`` on every server (admin routes of the SGLang API); JSON answers."""
         return self._each(lambda c: c._request("POST", route, body).json())
 
+    def post_one(self, index: int, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``route`` on server ``index``; its JSON answer."""
+        return self.clients[index]._request("POST", route, body).json()
+
+    def get_one(self, index: int, route: str) -> dict[str, Any]:
+        return self.clients[index]._request("GET", route).json()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the servers' thread pool; returns its Future."""
+        return self._pool.submit(fn, *args)
+
     def stats(self) -> list[dict[str, Any]]:
         return self._each(lambda c: c.stats())
 

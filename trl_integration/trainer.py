@@ -62,7 +62,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
             self.servers.wait_until_ready(args.server_ready_timeout)
         main = self.accelerator.is_main_process
         if args.weight_sync == "disk":
-            weight_sync: Any = DiskWeightSync(self.servers if main else None, args.weight_sync_dir)
+            weight_sync: Any = DiskWeightSync(self.servers if main else None, args.weight_sync_dir, self._tokenizer)
         else:
             weight_sync = DistributedWeightSync(
                 self.servers if main else None,

@@ -36,11 +36,16 @@ def _unwrap(accelerator: Any, model: Any) -> Any:
 
 
 class DiskWeightSync:
-    """Save + ``/update_weights_from_disk`` (the servers must see ``directory``: same machine or a shared disk)."""
+    """Save + ``/update_weights_from_disk`` (the servers must see ``directory``: same machine or a shared disk).
 
-    def __init__(self, servers: RolloutServers | None, directory: str) -> None:
+    ``tokenizer`` (optional) is saved next to the weights at the first sync, so the directory is a complete model
+    (a server can restart from it, and a server's ``tokenizer_path`` stays checkable after an update).
+    """
+
+    def __init__(self, servers: RolloutServers | None, directory: str, tokenizer: Any = None) -> None:
         self.servers = servers  # None on non-main ranks
         self.directory = os.path.abspath(directory)
+        self.tokenizer = tokenizer
         self.syncs = 0
 
     def sync(self, accelerator: Any, model: Any, step: int) -> None:
@@ -51,6 +56,8 @@ class DiskWeightSync:
                 path = os.path.join(self.directory, WEIGHTS_SUBDIR)
                 os.makedirs(path, exist_ok=True)
                 _unwrap(accelerator, model).save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+                if self.tokenizer is not None and self.syncs == 0:
+                    self.tokenizer.save_pretrained(path)
                 assert self.servers is not None
                 self.servers.update_weights_from_disk(path, weight_version=str(step))
             except BaseException as exc:  # re-raised after the barrier, so other ranks do not hang in it
@@ -98,9 +105,9 @@ class DistributedWeightSync:
                 raise ValueError(f"server_world_sizes {sizes} needs one entry per rollout URL {self.servers.urls}")
             return sizes
         sizes = []
-        for c in self.servers.clients:
+        for i in range(len(self.servers.urls)):
             try:
-                info = c._request("GET", "/get_server_info").json()
+                info = self.servers.get_one(i, "/get_server_info")
             except Exception:  # noqa: BLE001 - servers without the route run one worker
                 info = {}
             sizes.append(int(info.get("tp_size", 1)) * int(info.get("pp_size", 1)))
@@ -121,7 +128,7 @@ class DistributedWeightSync:
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
         errors: list[BaseException] = []
 
-        def announce(client: Any, offset: int) -> None:
+        def announce(index: int, offset: int) -> None:
             body = {
                 "master_address": cfg.master_address,
                 "master_port": cfg.master_port,
@@ -131,14 +138,11 @@ class DistributedWeightSync:
                 "backend": cfg.backend,
             }
             try:
-                client._request("POST", "/init_weights_update_group", body)
+                self.servers.post_one(index, "/init_weights_update_group", body)  # type: ignore[union-attr]
             except BaseException as exc:  # noqa: BLE001 - reported after the group forms or times out
                 errors.append(exc)
 
-        threads = [
-            threading.Thread(target=announce, args=(c, off), daemon=True)
-            for c, off in zip(self.servers.clients, offsets)
-        ]
+        threads = [threading.Thread(target=announce, args=(i, off), daemon=True) for i, off in enumerate(offsets)]
         for t in threads:
             t.start()
         self.group = init_custom_process_group(
@@ -177,7 +181,7 @@ class DistributedWeightSync:
                         "weight_version": str(step),
                     }
                     assert self.servers is not None
-                    pending = self.servers._pool.submit(self.servers.post, "/update_weights_from_distributed", body)
+                    pending = self.servers.submit(self.servers.post, "/update_weights_from_distributed", body)
                     for _, tensor in bucket:
                         dist.broadcast(tensor.detach().to(accelerator.device).contiguous(), src=0, group=self.group)
                     for url, res in zip(self.servers.urls, pending.result()):
