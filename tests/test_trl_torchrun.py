@@ -18,6 +18,8 @@ from tests.trl_harness import ENV, ServerProcess  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("trl_two_rank_script.py")
 
+pytestmark = pytest.mark.slow  # its own server plus two TRL processes: 112 s here (2 shared cores, load ~12)
+
 
 def test_two_ranks_generate_their_slices_and_main_pushes_gathered_history(tmp_path):
     model_dir = make_tiny_model_dir(tmp_path / "m", vocab_size=64)
