@@ -113,6 +113,8 @@ CPU_SERVER_ARGS = [
     "--sampling-backend",
     "pytorch",
     "--skip-server-warmup",
+    "--dtype",
+    "float32",  # SGLang runs float32 checkpoints in float16 by default; exact greedy comparisons need float32
     "--log-level",
     "warning",
 ]
