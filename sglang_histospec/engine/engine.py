@@ -83,6 +83,24 @@ def _depth(parents: list[int]) -> int:
     return max(depth)
 
 
+def _greedy_walk(argmax: np.ndarray, off: int, tokens: list[int], parents: list[int]):
+    """Greedy verification: follow the child whose token is the argmax. Returns (accepted nodes, emitted tokens,
+    probability rows of the emitted tokens); ``argmax[off + i]`` is the argmax at node i."""
+    children: dict[int, list[int]] = {}
+    for i in range(1, len(tokens)):
+        children.setdefault(parents[i], []).append(i)
+    accepted, out, rows = [], [], []
+    node = 0
+    while True:
+        x = int(argmax[off + node])
+        out.append(x)
+        rows.append(off + node)
+        node = next((c for c in children.get(node, ()) if tokens[c] == x), None)
+        if node is None:
+            return accepted, out, rows
+        accepted.append(node)
+
+
 def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], list[int]]:
     """Keep at most ``budget`` nodes whose token is in the vocabulary and whose parent was kept.
 
@@ -423,40 +441,44 @@ class Engine:
         return out
 
     def _decode(self) -> None:
-        running = [st for st in self._running]
+        running = list(self._running)
+        bsz = len(running)
         budgets = self._budgets()
-        trees: list[tuple[list[int], list[int]]] = []
         ask = [i for i, b in enumerate(budgets) if b > 0]
-        drafts: dict[int, Draft] = {}
+        trees: list[tuple[list[int], list[int]] | None] = [None] * bsz  # None = the root alone
         if ask:
             got = self.drafter.draft_batch([running[i].req.rid for i in ask], [budgets[i] for i in ask])
-            drafts = dict(zip(ask, got))
-        for i, st in enumerate(running):
-            if i in drafts:
-                toks, pars = _sanitize(drafts[i], budgets[i], self.vocab_size)
-            else:
-                toks, pars = [0], [-1]
-            toks[0] = st.tokens[-1]
-            trees.append((toks, pars))
-        bsz = len(running)
-        n = max(len(t) for t, _ in trees)
-        t_keys = max(st.kv_len + len(tr[0]) for st, tr in zip(running, trees))
+            for i, d in zip(ask, got):
+                if len(d):
+                    toks, pars = _sanitize(d, budgets[i], self.vocab_size)
+                    if len(toks) > 1:
+                        toks[0] = running[i].tokens[-1]
+                        trees[i] = (toks, pars)
+        counts = np.array([1 if t is None else len(t[0]) for t in trees], dtype=np.int64)
+        kv = np.array([st.kv_len for st in running], dtype=np.int64)
+        n = int(counts.max())
+        t_keys = int((kv + counts).max())
         self._cache.ensure(bsz, t_keys)
+        rows = np.arange(bsz)
         ids = np.zeros((bsz, n), dtype=np.int64)
-        pos = np.zeros((bsz, n), dtype=np.int64)
+        ids[:, 0] = [st.tokens[-1] for st in running]
+        pos = np.repeat(kv[:, None], n, axis=1)
         write = np.full((bsz, n), -1, dtype=np.int64)
-        mask = np.zeros((bsz, n, t_keys), dtype=bool)
-        for b, (st, (toks, pars)) in enumerate(zip(running, trees)):
-            m, p = len(toks), st.kv_len
+        write[:, 0] = kv
+        mask = np.broadcast_to(np.arange(t_keys)[None, None, :] < kv[:, None, None], (bsz, n, t_keys)).copy()
+        mask[rows, :, kv] = True  # every row sees the root (padding rows see the past and the root only)
+        for b, tree in enumerate(trees):
+            if tree is None:
+                continue
+            toks, pars = tree
+            m, p = len(toks), int(kv[b])
             depth = np.zeros(m, dtype=np.int64)
             for j in range(1, m):
                 depth[j] = depth[pars[j]] + 1
             ids[b, :m] = toks
             pos[b, :m] = p + depth
             write[b, :m] = np.arange(p, p + m)
-            mask[b, :m, :p] = True
             mask[b, :m, p : p + m] = _ancestor_mask(pars)
-            mask[b, m:, p] = True
         dev = self.device
         hidden = self._fwd.forward(
             torch.from_numpy(ids).to(dev),
@@ -467,31 +489,74 @@ class Engine:
             slot_start=0,
         )
         self._stats["forward_passes"] += 1
-        valid = torch.from_numpy(write >= 0).to(dev)
-        logits = self._fwd.logits(hidden[valid])  # [R, V] rows in (b, node) order
+        if n > 1:
+            hidden = hidden[torch.from_numpy(write >= 0).to(dev)]  # [R, H] rows in (request, node) order
+        else:
+            hidden = hidden[:, 0]
+        logits = self._fwd.logits(hidden)
         sp = [st.req.sampling for st in running]
-        counts = [len(t) for t, _ in trees]
-        temp = torch.tensor([0.0 if s.is_greedy else float(s.temperature) for s in sp], device=dev)
-        top_k = torch.tensor([s.top_k for s in sp], device=dev, dtype=torch.int64)
-        top_p = torch.tensor([float(s.top_p) for s in sp], device=dev)
-        reps = torch.tensor(counts, device=dev)
+        greedy = np.array([s.is_greedy for s in sp])
+        reps = torch.from_numpy(counts).to(dev)
+
+        def per_row(values, dtype):
+            t = torch.tensor(values, device=dev, dtype=dtype)
+            return t if n == 1 else t.repeat_interleave(reps)
+
         probs = process_logits(
-            logits, temp.repeat_interleave(reps), top_k.repeat_interleave(reps), top_p.repeat_interleave(reps)
+            logits,
+            per_row([0.0 if g else float(s.temperature) for s, g in zip(sp, greedy)], torch.float32),
+            per_row([s.top_k for s in sp], torch.int64),
+            per_row([float(s.top_p) for s in sp], torch.float32),
         )
         offsets = np.concatenate([[0], np.cumsum(counts)])
+        argmax = probs.argmax(dim=-1).cpu().numpy() if greedy.any() else None
+        # the root alone at temperature > 0: one inverse-CDF draw per request, batched (the same rule as
+        # verify_tree's final draw)
+        leaf = [b for b in range(bsz) if trees[b] is None and not greedy[b]]
+        leaf_tok: dict[int, int] = {}
+        if leaf:
+            u = torch.tensor([running[b].rng.random() for b in leaf], dtype=torch.float64, device=dev)
+            sel = probs[torch.from_numpy(offsets[leaf]).to(dev)].double()
+            cdf = torch.cumsum(sel, dim=-1)
+            picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=sel.shape[-1] - 1)
+            bad = sel.gather(-1, picked) <= 0  # only through rounding at the very top of the CDF
+            picked = torch.where(bad, sel.argmax(-1, keepdim=True), picked)
+            leaf_tok = dict(zip(leaf, picked[:, 0].tolist()))
+        outcomes: list[tuple[list[int], list[int], list[int]]] = []  # (accepted nodes, tokens, prob rows)
+        for b, st in enumerate(running):
+            off = int(offsets[b])
+            tree = trees[b]
+            if tree is None:
+                tok = int(argmax[off]) if greedy[b] else leaf_tok[b]
+                outcomes.append(([], [tok], [off]))
+            elif greedy[b]:
+                outcomes.append(_greedy_walk(argmax, off, *tree))
+            else:
+                res = verify_tree(_Rows(probs, off), tree[0], tree[1], False, st.rng)
+                outcomes.append((res.accepted_nodes, res.tokens, [off, *(off + a for a in res.accepted_nodes)]))
+        logprobs = None
+        if any(st.req.return_logprob for st in running):
+            flat_rows = [r for o in outcomes for r in o[2]]
+            flat_toks = [t for o in outcomes for t in o[1]]
+            picked = probs[torch.tensor(flat_rows, device=dev), torch.tensor(flat_toks, device=dev)]
+            logprobs = torch.log(picked.double()).cpu().tolist()
+        lp_at = 0
         mv_slot, mv_src, mv_dst = [], [], []
-        for b, (st, (toks, pars)) in enumerate(zip(running, trees)):
-            res = verify_tree(_Rows(probs, int(offsets[b])), toks, pars, sp[b].is_greedy, st.rng)
+        for b, (st, (accepted_nodes, tokens, _)) in enumerate(zip(running, outcomes)):
+            drafted = int(counts[b]) - 1
             st.verify_ct += 1
-            st.draft_ct += len(toks) - 1
+            st.draft_ct += drafted
             self._stats["verify_steps"] += 1
-            self._stats["draft_tokens"] += len(toks) - 1
+            self._stats["draft_tokens"] += drafted
             accepted = 0
-            for k, tok in enumerate(res.tokens):
+            emitted = 0
+            for k, tok in enumerate(tokens):
                 st.output.append(tok)
                 st.tokens.append(tok)
-                st.logprobs.append(res.logprobs[k])
-                if k < len(res.accepted_nodes):
+                if logprobs is not None and st.req.return_logprob:
+                    st.logprobs.append(logprobs[lp_at + k])
+                emitted += 1
+                if k < len(accepted_nodes):
                     accepted += 1
                 if tok in st.stop_ids:
                     st.finish = {"type": "stop", "matched": tok}
@@ -499,23 +564,23 @@ class Engine:
                     st.finish = {"type": "length", "length": len(st.output)}
                 if st.finish is not None:
                     break
-            emitted = k + 1
+            lp_at += len(tokens)
             st.accept_ct += accepted
             self._stats["accepted_tokens"] += accepted
             self._stats["generated_tokens"] += emitted
             self._stats["step_tokens"] += emitted
             if self._speculate:  # the budget controller counts chain depth: the tree's depth, the accepted length
-                self.budgets.update(st.req.rid, _depth(pars), accepted)
+                self.budgets.update(st.req.rid, _depth(trees[b][1]) if trees[b] else 0, accepted)
             if st.finish is None:
                 # compact the accepted path: node i_k's K/V (written at kv_len + i_k) moves to kv_len + k
-                for k, node in enumerate(res.accepted_nodes, start=1):
+                for k, node in enumerate(accepted_nodes, start=1):
                     if node != k:
                         mv_slot.append(b)
                         mv_src.append(st.kv_len + node)
                         mv_dst.append(st.kv_len + k)
-                st.kv_len += 1 + len(res.accepted_nodes)
+                st.kv_len += 1 + len(accepted_nodes)
                 if self._speculate:
-                    self.drafter.extend(st.req.rid, res.tokens)
+                    self.drafter.extend(st.req.rid, tokens)
         if mv_slot:
             self._cache.move_tokens(
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)
