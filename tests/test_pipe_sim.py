@@ -50,6 +50,7 @@ def test_every_request_finishes_once_and_the_bound_holds(policy: str, overlap: b
     assert len(result.per_step) == len(steps)
     assert result.makespan >= result.lower_bound > 0
     assert 0.0 <= result.idle_fraction < 1.0 and 0.0 <= result.tail_share <= 1.0
+    assert result.steady_idle_fraction is None or 0.0 <= result.steady_idle_fraction < 1.0
     if not overlap:
         for s in result.per_step:
             assert s.makespan >= s.lower_bound * (1 - 1e-9)

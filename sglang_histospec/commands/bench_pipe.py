@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     variants = [(p, False) for p in policies] + ([("histopipe", True)] if "histopipe" in policies else [])
     runs = len(workers) * len(modes) * len(variants)
     print(
-        f"{'W':>3} {'mode':>7} {'policy':>11} {'makespan_s':>11} {'bound_s':>9} {'gap':>7} {'idle':>6} {'tail':>6} {'moved':>5} {'warm_gap':>8}"
+        f"{'W':>3} {'mode':>7} {'policy':>11} {'makespan_s':>11} {'bound_s':>9} {'gap':>7} {'idle':>6} {'steady':>6} {'tail':>6} {'moved':>5} {'warm_gap':>8}"
     )
     with tqdm(total=runs, desc="bench pipe", unit="run", file=sys.stderr) as bar:
         for w in workers:
@@ -99,9 +99,10 @@ def run(args: argparse.Namespace) -> int:
                     r["requests"] = sum(len(s.requests()) for s in steps)
                     results.append(r)
                     warm = "-" if r["warm_bound_gap"] is None else f"{r['warm_bound_gap']:.1%}"
+                    steady = "-" if r["steady_idle_fraction"] is None else f"{r['steady_idle_fraction']:.1%}"
                     print(
                         f"{w:>3} {mode:>7} {policy:>11} {r['makespan']:>11.1f} {r['lower_bound']:>9.1f} "
-                        f"{r['bound_gap']:>7.1%} {r['idle_fraction']:>6.1%} {r['tail_share']:>6.1%} "
+                        f"{r['bound_gap']:>7.1%} {r['idle_fraction']:>6.1%} {steady:>6} {r['tail_share']:>6.1%} "
                         f"{r['migrations']:>5} {warm:>8}"
                     )
                     bar.update(1)
@@ -124,6 +125,7 @@ def _summary(rows: list[dict]) -> dict:
     for r in rows:
         mode = "overlap" if r["overlap"] else "sync"
         out[f"{r['policy']}_{mode}_idle"] = r["idle_fraction"]
+        out[f"{r['policy']}_{mode}_steady_idle"] = r["steady_idle_fraction"]
         out[f"{r['policy']}_{mode}_gap"] = r["bound_gap"]
         out[f"{r['policy']}_{mode}_makespan"] = r["makespan"]
         if r["warm_bound_gap"] is not None:

@@ -109,6 +109,9 @@ class PipeSimResult:
     tail_share: float
     migrations: int
     per_step: list[StepStats] = field(default_factory=list)
+    steady_idle_fraction: float | None = None
+    """Idle share from the completion of the last step planned without full history to the start of the last
+    step: without the cold start and the final drain (a long run's steady state); None when that is empty."""
 
     def warm_bound_gap(self) -> float | None:
         """Synchronous runs: makespan over the bound, minus 1, summed over steps where every prompt had history."""
@@ -128,6 +131,7 @@ class PipeSimResult:
             "lower_bound": self.lower_bound,
             "bound_gap": self.makespan / self.lower_bound - 1.0 if self.lower_bound > 0 else 0.0,
             "idle_fraction": self.idle_fraction,
+            "steady_idle_fraction": self.steady_idle_fraction,
             "tail_share": self.tail_share,
             "migrations": self.migrations,
             "warm_steps": sum(s.history_share >= 1.0 for s in self.per_step),
@@ -213,6 +217,8 @@ class _Run:
         self.check_at = math.inf  # time of the pending outlier scan
         self.in_tail = [False] * n  # steps whose tail has been scanned
         self.waiting = False  # an outlier waits for a free worker
+        self.snap_end: list[tuple[float, float] | None] = [None] * n  # (time, busy) when each step completed
+        self.steady_to: tuple[float, float] | None = None  # ... when the last step started
 
     # ---- driving -------------------------------------------------------------------------------------------
     def go(self) -> PipeSimResult:
@@ -256,6 +262,8 @@ class _Run:
             self.cur[w] = s
             keys = self.todo.pop((s, w), [])
             if keys:
+                if s == len(self.steps) - 1 and self.steady_to is None:
+                    self.steady_to = (t, self._busy_at(t))
                 self.start[s] = min(self.start[s], t)
             for key in keys:
                 r = self.reqs[key]
@@ -311,7 +319,12 @@ class _Run:
         if self.unfinished[s] == 0:
             self._step_complete(s, t)
 
+    def _busy_at(self, t: float) -> float:
+        """Worker-seconds of busy time of all workers up to ``t`` (workers advance lazily)."""
+        return sum(w.busy_s + (max(0.0, t - w.now) if w.running else 0.0) for w in self.workers)
+
     def _step_complete(self, s: int, t: float) -> None:
+        self.snap_end[s] = (t, self._busy_at(t))
         self.complete[s] = True
         self.completed += 1
         if self.progress is not None:
@@ -343,7 +356,7 @@ class _Run:
                 for key in list(worker.running):
                     r = self.reqs[key]
                     if r.moved or key not in worker.running:
-                        continue
+                        continue  # judged against history (its own, or the prior learned from others), never the default
                     if not is_outlier(r.done + worker.generated_at(key, t), r.estimate, self.pcfg):
                         limit = outlier_threshold(r.estimate, self.pcfg)
                         when = worker.time_when(key, math.floor(limit) + 1 - r.done)
@@ -409,7 +422,17 @@ class _Run:
         r.step = s + 1
         self.moves[s] += 1
         self.unfinished[s] -= 1
-        if s + 1 in self.plans:
+        ahead = [v for v in range(len(self.workers)) if self.cur[v] == s + 1]
+        if ahead:  # a worker already on the next step takes it at once
+            v = min(ahead, key=lambda v: (len(self.workers[v].running) + len(self.workers[v].queue), v))
+            for k, ft in self.workers[v].advance(t):
+                self._finished(k, ft, v)
+            self.workers[v].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+            self.out[v] += 1
+            self.total[s + 1] += 1
+            self.unfinished[s + 1] += 1
+            self._schedule(v)
+        elif s + 1 in self.plans:
             self.todo.setdefault((s + 1, w), []).insert(0, key)
             self.total[s + 1] += 1
             self.unfinished[s + 1] += 1
@@ -423,6 +446,19 @@ class _Run:
         return True
 
     # ---- results -------------------------------------------------------------------------------------------
+    def _steady_idle(self) -> float | None:
+        """Idle share from the completion of the last cold step (planned without full history; else the first
+        step) to the start of the last step; None when that window is empty."""
+        cold = [s for s in range(len(self.steps)) if self.history[s] < 1.0] or [0]
+        ends = [self.snap_end[s] for s in cold]
+        if self.steady_to is None or any(e is None for e in ends):
+            return None
+        t0, b0 = max(ends)  # type: ignore[type-var]
+        t1, b1 = self.steady_to
+        if t1 <= t0:
+            return None
+        return max(0.0, 1.0 - (b1 - b0) / (len(self.workers) * (t1 - t0)))
+
     def _result(self) -> PipeSimResult:
         W = len(self.workers)
         per_step = []
@@ -459,6 +495,7 @@ class _Run:
             makespan=total,
             lower_bound=bound,
             idle_fraction=max(0.0, 1.0 - busy / (W * total)) if total > 0 else 0.0,
+            steady_idle_fraction=self._steady_idle(),
             tail_share=sum(s.tail_s for s in per_step) / span if span > 0 else 0.0,
             migrations=sum(self.moves),
             per_step=per_step,
