@@ -386,3 +386,9 @@ def test_bench_index_command_prints_json(capsys):
     assert result["batch"] == 3 and result["tau"] >= 1.0
     # the side-by-side run drafts the same workload with both backends: identical acceptance
     assert result["reference_python_tau"] == result["reference_native_tau"]
+
+
+def test_auto_backend_picks_the_native_index():
+    """CI builds the extension from source, so the facade's default backend is the native one."""
+    assert HistoSpecDrafter(DrafterConfig()).backend == "native"
+    assert HistoSpecDrafter(DrafterConfig(backend="python")).backend == "python"
