@@ -8,7 +8,7 @@ Example::
     >>> from sglang_histospec.core.bench_index import IndexBenchConfig, run_index_bench
     >>> r = run_index_bench(IndexBenchConfig(prompts=2, responses=4, length=64, steps=4), backend="python")
     >>> r["history_tokens_per_prompt"], r["batch"]
-    (256, 2)
+    (272, 2)
 """
 
 from __future__ import annotations
