@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -96,8 +97,11 @@ class HistoSpecGRPOConfig(GRPOConfig):
             self.rollout_admin_api_key = os.environ.get("HISTOSPEC_ADMIN_API_KEY") or None
         if self.weight_sync_dir is None:
             self.weight_sync_dir = os.path.join(self.output_dir or ".", "histospec-weights")
-        if self.remove_unused_columns and not self.hash_prompt_ids:
-            raise ValueError(
+        if self.remove_unused_columns:
+            message = (
                 f"remove_unused_columns=True drops the {self.prompt_id_column!r} column before the trainer sees it; "
-                "set remove_unused_columns=False (GRPO's default) or hash_prompt_ids=True"
+                "set remove_unused_columns=False (GRPO's default)"
             )
+            if not self.hash_prompt_ids:
+                raise ValueError(f"{message} or hash_prompt_ids=True")
+            warnings.warn(f"{message}; prompt ids fall back to hashes of the prompts", stacklevel=2)
