@@ -54,7 +54,7 @@ class PlannerConfig:
     split_error_quantile: float | None = None
     """Tier 2 sizes each group's pieces so they fit the target even when the group runs this quantile of the
     predictor's observed actual/predicted ratio longer than predicted (robust to drift); None = as predicted.
-    Measured (docs/benchmarks.md): 0.9 helps with one-step overlap and costs a little in synchronous steps."""
+    Measured (docs/benchmarks.md): 0.9 lowers idle time with one-step overlap and costs in synchronous steps."""
     outlier_factor: float = 1.5
     """A request is an outlier once it has emitted more than this times its predicted mean (and its p90)."""
     tail_fraction: float = 0.10
