@@ -425,14 +425,20 @@ void Drafter::longest_match(const Index& index, const std::vector<int32_t>& c, M
         next = len == 0 ? index.first(c[k]) : index.child(range, len, c[k]);
       }
       cursor = found;
-      if (next.empty() || len + 1 > cfg_.max_match) {
-        mismatch = next.empty();
-        upper = static_cast<int32_t>(std::min<int64_t>(cap, len + (n - k - (mismatch ? 1 : 0))));
+      if (next.empty()) {
+        mismatch = true;
+        upper = static_cast<int32_t>(std::min<int64_t>(cap, len + (n - k - 1)));
         len = -1;
         break;
       }
       range = next;
       ++len;
+    }
+    if (len > cfg_.max_match) {
+      // Slide the window once: the last max_match tokens of the longer match start (len - max_match) positions
+      // later in any of its occurrences; their rows surround that suffix's own row.
+      range = index.widen(static_cast<int64_t>(index.position(range.lo)) + (len - cfg_.max_match), cfg_.max_match);
+      len = cfg_.max_match;
     }
   }
   if (len < 0) {

@@ -80,6 +80,8 @@ std::shared_ptr<const Index> Index::build(const std::vector<Span>& seqs, const s
   // The first num_seqs rows are the suffixes that start at a SEP (the smallest character): drop them.
   x.sa_.erase(x.sa_.begin(), x.sa_.begin() + num_seqs);
   const int32_t rows = static_cast<int32_t>(x.sa_.size());
+  x.isa_.assign(n, -1);
+  for (int32_t i = 0; i < rows; ++i) x.isa_[x.sa_[i]] = i;
   x.wsum_.resize(static_cast<size_t>(rows) + 1);
   x.wsum_[0] = 0;
   if (std::all_of(weights.begin(), weights.end(), [&](int64_t w) { return w == weights[0]; })) {
@@ -197,6 +199,41 @@ Range Index::first(int32_t token) const {
   }
 }
 
+Range Index::widen(int64_t pos, int32_t m) const {
+  const int32_t* want = text_.data() + pos;
+  auto shares = [&](int32_t row) {
+    const int32_t* have = text_.data() + sa_[row];
+    for (int32_t k = 0; k < m; ++k)
+      if (have[k] != want[k]) return false;  // a SEP in `have` differs from every token of `want`
+    return true;
+  };
+  const int32_t r = isa_[pos];
+  // Rows sharing the prefix are contiguous around r: gallop to each side, then binary search the boundary.
+  int32_t lo = r, step = 1;
+  while (lo - step >= 0 && shares(lo - step)) {
+    lo -= step;
+    step <<= 1;
+  }
+  for (int32_t a = std::max(0, lo - step + 1), b = lo; a < b;) {  // smallest sharing row in [a, b]
+    const int32_t mid = a + (b - a) / 2;
+    if (shares(mid)) b = mid; else a = mid + 1;
+    lo = b;
+  }
+  const int32_t rows = num_rows();
+  int32_t hi = r;  // last sharing row
+  step = 1;
+  while (hi + step < rows && shares(hi + step)) {
+    hi += step;
+    step <<= 1;
+  }
+  for (int32_t a = hi, b = std::min(rows - 1, hi + step - 1); a < b;) {  // largest sharing row in [a, b]
+    const int32_t mid = a + (b - a + 1) / 2;
+    if (shares(mid)) a = mid; else b = mid - 1;
+    hi = a;
+  }
+  return {lo, hi + 1};
+}
+
 Range Index::find(const int32_t* pattern, int32_t m) const {
   if (m == 0) return all();
   Range r = first(pattern[0]);
@@ -206,6 +243,7 @@ Range Index::find(const int32_t* pattern, int32_t m) const {
 
 size_t Index::memory_bytes() const {
   return sizeof(Index) + text_.capacity() * sizeof(int32_t) + sa_.capacity() * sizeof(int32_t) +
+         isa_.capacity() * sizeof(int32_t) +
          wsum_.capacity() * sizeof(int64_t) + seq_start_.capacity() * sizeof(int64_t) +
          seq_weight_.capacity() * sizeof(int64_t) + block_max_.capacity() * sizeof(int64_t) +
          first_.capacity() * sizeof(FirstEntry);
@@ -223,11 +261,14 @@ std::string Index::check_integrity() const {
     for (int64_t p = seq_start_[s]; p + 1 < seq_start_[s + 1]; ++p) CHECK_OR_RETURN(text_[p] >= 0);
   }
   CHECK_OR_RETURN(static_cast<int64_t>(sa_.size()) == n - num_seqs);
+  CHECK_OR_RETURN(static_cast<int64_t>(isa_.size()) == n);
+  for (int64_t p = 0; p < n; ++p) CHECK_OR_RETURN((text_[p] == SEP) == (isa_[p] < 0));
   CHECK_OR_RETURN(wsum_.size() == sa_.size() + 1 && wsum_[0] == 0);
   std::vector<uint8_t> seen(n, 0);
   for (size_t i = 0; i < sa_.size(); ++i) {
     const int32_t p = sa_[i];
     CHECK_OR_RETURN(p >= 0 && p < n && text_[p] != SEP && !seen[p]);
+    CHECK_OR_RETURN(isa_[p] == static_cast<int32_t>(i));
     seen[p] = 1;
     CHECK_OR_RETURN(wsum_[i + 1] > wsum_[i]);
     {

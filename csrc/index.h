@@ -1,6 +1,6 @@
 // An immutable, weighted index over a few token sequences: a suffix array plus prefix sums of weights.
 //
-// Memory: text (4 B) + suffix array (4 B) + weight prefix sums (8 B) per token, 16 bytes per history token.
+// Memory: text (4 B) + suffix array (4 B) + its inverse (4 B) + weight prefix sums (8 B): 20 bytes per history token.
 // A string x that occurs in the sequences has a contiguous range of the suffix array (the suffixes that start
 // with x); the weight of x is the sum of the weights of the sequences of those occurrences, which the prefix
 // sums give in O(1). Extending x by one token narrows the range by two binary searches.
@@ -55,6 +55,11 @@ class Index {
   Range child(Range r, int32_t depth, int32_t token) const;
   // Rows whose suffix starts with `token` (first-token hash table, no binary search).
   Range first(int32_t token) const;
+  // Rows whose suffix shares its first m tokens with the suffix at text position `pos` (which must have m tokens
+  // before its SEP): found from that suffix's own row by galloping outwards, no search from the top.
+  Range widen(int64_t pos, int32_t m) const;
+  // Text position of the suffix in `row`.
+  int32_t position(int32_t row) const { return sa_[row]; }
   // Rows whose suffix starts with pattern[0..m); empty range when the pattern does not occur.
   Range find(const int32_t* pattern, int32_t m) const;
 
@@ -71,6 +76,7 @@ class Index {
  private:
   std::vector<int32_t> text_;        // [tokens + seqs] every sequence followed by SEP
   std::vector<int32_t> sa_;          // [rows] start positions of non-SEP suffixes, in sorted order
+  std::vector<int32_t> isa_;         // [tokens + seqs] row of each text position, -1 at SEPs
   std::vector<int64_t> wsum_;        // [rows + 1] prefix sums of the row weights in suffix-array order
   std::vector<int64_t> seq_start_;   // [seqs + 1] start of each sequence in text_
   std::vector<int64_t> seq_weight_;  // [seqs]
