@@ -66,13 +66,21 @@ def step_logs(trainer):
 
 
 def test_training_steps_push_history_and_second_epoch_drafts(model_dir, servers, tmp_path):
-    """2 prompts x 4 samples, one prompt per step, 4 steps = 2 epochs: weights synced before every generation,
-    history pushed per step and growing in the first epoch, tau > 1 in the second, trainer/server logprobs equal."""
+    """2 prompts x 4 samples (temperature 0.3), one prompt per step, 4 steps = 2 epochs: weights synced before every
+    generation, history pushed per step and growing in the first epoch, tau > 1 in the second and above the first's,
+    trainer/server logprobs equal."""
     srv = servers["on"]
     ds = tiny_dataset(2, id_prefix="epoch-")
     before = srv.client.stats()["history"]["history_tokens"]
     trainer = make_trainer(
-        model_dir, srv.url, tmp_path, dataset=ds, max_steps=4, max_completion_length=24, learning_rate=1e-5
+        model_dir,
+        srv.url,
+        tmp_path,
+        dataset=ds,
+        max_steps=4,
+        max_completion_length=24,
+        learning_rate=1e-5,
+        temperature=0.3,
     )
     trainer.train()
     assert trainer.histospec.synced_steps == [0, 1, 2, 3]
@@ -83,11 +91,14 @@ def test_training_steps_push_history_and_second_epoch_drafts(model_dir, servers,
     history = [h["histospec/history_tokens"] for h in logs]
     assert history[0] > before and history[1] > history[0]  # first epoch: each step adds a new prompt's history
     assert [h["histospec/history_prompts"] for h in logs[:2]][1] >= 2
+    # epoch 1 drafts only from the request's own context (and finished siblings); epoch 2 also from the history.
+    # Seeds 0-3 gave epoch-1 tau 1.01-1.08 and epoch-2 tau 1.10-1.37 (accepted tokens 6-9 vs 28-36).
     first_epoch_tau = [h["histospec/tau"] for h in logs[:2]]
     second_epoch_tau = [h["histospec/tau"] for h in logs[2:]]
-    assert max(first_epoch_tau) == pytest.approx(1.0)  # new prompts: nothing to draft from (no sibling finished)
     assert min(second_epoch_tau) > 1.0, second_epoch_tau
-    assert all(h["histospec/accepted_tokens"] > 0 for h in logs[2:])
+    assert sum(second_epoch_tau) > sum(first_epoch_tau), (first_epoch_tau, second_epoch_tau)
+    accepted = [h["histospec/accepted_tokens"] for h in logs]
+    assert sum(accepted[2:]) > sum(accepted[:2]), accepted
     # TRL's importance-sampling figures: the server's sampling logprobs vs the trainer's, right after each sync
     for h in logs:
         assert h["sampling/sampling_logp_difference/max"] < 1e-4
