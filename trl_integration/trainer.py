@@ -12,6 +12,10 @@ loss, is TRL's own code):
 - metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``, ``histospec/accepted_tokens``
   (this generation, all ranks) and ``histospec/history_tokens``, ``histospec/history_prompts`` (server, main process).
 
+Limits: text prompts only (no images); with ``tools``, TRL's tool loop generates again for the samples that called a
+tool, and those follow-up requests go without a prompt id; PEFT models are refused at the first weight sync (merge
+the adapters first).
+
 Example::
 
     args = HistoSpecGRPOConfig(output_dir="out", rollout_urls=["http://127.0.0.1:30000"])
