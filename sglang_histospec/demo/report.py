@@ -102,7 +102,7 @@ def write_plots(rows: list[EpochComparison], out_dir: str | os.PathLike) -> list
     ax.set_xlabel("epoch")
     ax.set_xticks(epochs)
     ax.set_ylabel("mean reward")
-    ax.set_title("Reward per epoch (must agree)")
+    ax.set_title("Mean reward per epoch (same distribution)")
     ax.legend()
     fig.tight_layout()
     paths.append(str(out / "rewards.png"))
