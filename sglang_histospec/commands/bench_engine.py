@@ -5,7 +5,8 @@ samples per prompt at temperature 1, ``--batch`` requests decoded together. Epoc
 HistoSpec engine records its own finished responses, ``end_step`` closes each epoch); epochs 1.. are measured.
 In every measured epoch the three systems run the same requests one after the other (same seeds for the two
 engine runs), so the ratios come from one run under the same machine load; the JSON reports medians over the
-measured epochs.
+measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU second of the process
+(``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine).
 
 Example::
 
@@ -35,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="draft node cap per request and step")
+    parser.add_argument("--budget-policy", default="paper", choices=["paper", "released", "fixed"])
+    parser.add_argument("--budget-fixed", type=int, default=8, help="budget of the fixed policy")
+    parser.add_argument(
+        "--cost-limit",
+        type=float,
+        default=None,
+        help="per-request verify-cost cap in plain decode steps (default: the core default); 0 = no cap",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--seed", type=int, default=0)
@@ -78,9 +87,9 @@ def _engine_epoch(engine, prompt_ids, token_ids, args, epoch: int) -> tuple[floa
         for k in range(args.group_size)
     ]
     before = engine.stats()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     results = engine.generate(reqs)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     after = engine.stats()
     engine.drafter.end_step(epoch)
     tokens = sum(r.completion_tokens for r in results)
@@ -89,6 +98,7 @@ def _engine_epoch(engine, prompt_ids, token_ids, args, epoch: int) -> tuple[floa
         wall,
         tokens,
         {
+            "cpu_s": cpu,
             "tau": tokens / steps if steps else 0.0,
             "accepted": after["accepted_tokens"] - before["accepted_tokens"],
             "drafted": after["draft_tokens"] - before["draft_tokens"],
@@ -96,13 +106,13 @@ def _engine_epoch(engine, prompt_ids, token_ids, args, epoch: int) -> tuple[floa
     )
 
 
-def _hf_epoch(model, token_ids, args, eos_ids, pad_id: int, epoch: int) -> tuple[float, int]:
+def _hf_epoch(model, token_ids, args, eos_ids, pad_id: int, epoch: int) -> tuple[float, int, float]:
     import torch
 
     reqs = [toks for toks in token_ids for _ in range(args.group_size)]
     device = next(model.parameters()).device
     tokens = 0
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for lo in range(0, len(reqs), args.batch):
         chunk = reqs[lo : lo + args.batch]
         width = max(len(t) for t in chunk)
@@ -131,7 +141,7 @@ def _hf_epoch(model, token_ids, args, eos_ids, pad_id: int, epoch: int) -> tuple
                 if tok in eos_ids:
                     break
             tokens += n
-    return time.perf_counter() - start, tokens
+    return time.perf_counter() - start, tokens, time.process_time() - cpu_start
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,6 +161,13 @@ def run(args: argparse.Namespace) -> int:
         args.model = str(build_or_load_demo_model(quick=args.quick_model, progress=not args.json))
         model_label = f"demo model ({'quick' if args.quick_model else 'default'} config): {args.model}"
 
+    from sglang_histospec.core import BudgetConfig
+
+    budget_kw = {"policy": args.budget_policy, "fixed": args.budget_fixed}
+    if args.cost_limit is not None:
+        budget_kw["cost_limit"] = args.cost_limit or None
+    budget = BudgetConfig(**budget_kw)
+
     def make(alg: str) -> Engine:
         return Engine(
             EngineConfig(
@@ -160,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
                 max_running_requests=args.batch,
                 num_draft_tokens=args.num_draft_tokens,
                 seed=args.seed,
+                budget=budget,
             )
         )
 
@@ -172,15 +190,20 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for epoch in range(args.epochs):
         s_wall, s_tok, s_info = _engine_epoch(spec, prompt_ids, token_ids, args, epoch)
-        p_wall, p_tok, _ = _engine_epoch(plain, prompt_ids, token_ids, args, epoch)
-        h_wall, h_tok = (
-            _hf_epoch(hf_model, token_ids, args, spec.eos_token_ids, pad_id, epoch) if hf_model is not None else (0, 0)
+        p_wall, p_tok, p_info = _engine_epoch(plain, prompt_ids, token_ids, args, epoch)
+        h_wall, h_tok, h_cpu = (
+            _hf_epoch(hf_model, token_ids, args, spec.eos_token_ids, pad_id, epoch)
+            if hf_model is not None
+            else (0, 0, 0)
         )
         row = {
             "epoch": epoch,
             "tokens_per_s_histospec": s_tok / s_wall,
             "tokens_per_s_plain": p_tok / p_wall,
             "tokens_per_s_hf_generate": h_tok / h_wall if h_wall else None,
+            "cpu_tokens_per_s_histospec": s_tok / s_info["cpu_s"],
+            "cpu_tokens_per_s_plain": p_tok / p_info["cpu_s"],
+            "cpu_tokens_per_s_hf_generate": h_tok / h_cpu if h_cpu else None,
             "tau": s_info["tau"],
             "accept_rate": s_info["accepted"] / s_info["drafted"] if s_info["drafted"] else 0.0,
             "tokens_histospec": s_tok,
@@ -207,6 +230,12 @@ def run(args: argparse.Namespace) -> int:
         "tokens_per_s_plain": p,
         "tokens_per_s_hf_generate": med("tokens_per_s_hf_generate"),
         "speedup": statistics.median(r["tokens_per_s_histospec"] / r["tokens_per_s_plain"] for r in measured),
+        "cpu_tokens_per_s_histospec": med("cpu_tokens_per_s_histospec"),
+        "cpu_tokens_per_s_plain": med("cpu_tokens_per_s_plain"),
+        "cpu_tokens_per_s_hf_generate": med("cpu_tokens_per_s_hf_generate"),
+        "cpu_speedup": statistics.median(
+            r["cpu_tokens_per_s_histospec"] / r["cpu_tokens_per_s_plain"] for r in measured
+        ),
         "tau": med("tau"),
         "accept_rate": med("accept_rate"),
         "batch": args.batch,
@@ -215,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "num_draft_tokens": args.num_draft_tokens,
+        "budget": {"policy": budget.policy, "fixed": budget.fixed, "cost_limit": budget.cost_limit},
         "model": model_label,
         "workload": workload,
         "device": str(spec.device),

@@ -107,6 +107,9 @@ def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], li
     Returns (tokens, parents) of the packed tree: node 0 = root (token filled in by the caller), draft node i ->
     node i + 1, parent ROOT -> 0.
     """
+    ids = draft.token_ids
+    if len(ids) <= budget and min(ids) >= 0 and max(ids) < vocab_size:  # the common case: keep everything
+        return [0, *ids], [-1, *(0 if p == ROOT else p + 1 for p in draft.parents)]
     tokens, parents = [0], [-1]
     remap: dict[int, int] = {ROOT: 0}
     for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
@@ -118,6 +121,11 @@ def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], li
         tokens.append(int(tok))
         parents.append(remap[par])
     return tokens, parents
+
+
+_EAGER_ROWS = 1 << 22
+"""Up to this many probabilities per step are copied to the host at once for the sampling walks; beyond it
+(large vocabularies) only the rows a walk visits are copied."""
 
 
 class _Rows:
@@ -523,6 +531,7 @@ class Engine:
             picked = torch.where(bad, sel.argmax(-1, keepdim=True), picked)
             leaf_tok = dict(zip(leaf, picked[:, 0].tolist()))
         outcomes: list[tuple[list[int], list[int], list[int]]] = []  # (accepted nodes, tokens, prob rows)
+        rows_np = None  # the probabilities as float64 numpy, converted once when a sampling walk needs them
         for b, st in enumerate(running):
             off = int(offsets[b])
             tree = trees[b]
@@ -532,7 +541,10 @@ class Engine:
             elif greedy[b]:
                 outcomes.append(_greedy_walk(argmax, off, *tree))
             else:
-                res = verify_tree(_Rows(probs, off), tree[0], tree[1], False, st.rng)
+                if rows_np is None:
+                    rows_np = probs.to("cpu", torch.float64).numpy() if probs.numel() <= _EAGER_ROWS else probs
+                block = rows_np[off : off + len(tree[0])] if isinstance(rows_np, np.ndarray) else _Rows(probs, off)
+                res = verify_tree(block, tree[0], tree[1], False, st.rng)
                 outcomes.append((res.accepted_nodes, res.tokens, [off, *(off + a for a in res.accepted_nodes)]))
         logprobs = None
         if any(st.req.return_logprob for st in running):
