@@ -192,3 +192,39 @@ def test_version_check():
     assert ALGORITHM_NAME == "HISTOSPEC"
     assert check_sglang_version(TESTED_SGLANG_VERSIONS[0]) is None
     assert "0.5.23" in check_sglang_version("0.6.0")
+
+
+def test_histospec_serve_maps_its_arguments_to_sglang():
+    import argparse
+
+    from sglang_histospec.commands import serve as serve_command
+    from sglang_histospec.plugin.serve import _sglang_argv
+
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(["--backend", "sglang", "--model", "/m", "--port", "31000", "--num-draft-tokens", "8"])
+    argv = _sglang_argv(args)
+    assert argv[:6] == ["--model-path", "/m", "--host", "127.0.0.1", "--port", "31000"]
+    assert argv[argv.index("--speculative-algorithm") + 1] == ALGORITHM_NAME
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"
+    assert "--device" not in argv  # "auto" leaves the choice to SGLang
+    plain = _sglang_argv(
+        parser.parse_args(["--backend", "sglang", "--model", "/m", "--speculative-algorithm", "NONE"])
+    )
+    assert "--speculative-algorithm" not in plain
+
+
+def test_drafter_config_from_env():
+    from sglang_histospec.plugin.adapter import DRAFTER_CONFIG_ENV, drafter_config_from_env
+
+    assert drafter_config_from_env({}).window == 1
+    cfg = drafter_config_from_env({DRAFTER_CONFIG_ENV: '{"window": 2, "tree": false, "sources": ["history"]}'})
+    assert (cfg.window, cfg.tree, cfg.sources) == (2, False, ("history",))
+    for raw, match in (
+        ("{", "not JSON"),
+        ("[1]", "JSON object"),
+        ('{"window": 0}', "window"),
+        ('{"nope": 1}', "field names"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            drafter_config_from_env({DRAFTER_CONFIG_ENV: raw})

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from tests.sglang_harness import SGLangServer, run_python, skip_reason
+from tests.sglang_harness import SGLangServer, skip_reason, start_python
 
 httpx = pytest.importorskip("httpx")
 
@@ -49,24 +49,74 @@ def prompts():
     return [[1] + [rng.randrange(4, VOCAB) for _ in range(rng.randrange(3, 12))] for _ in range(NUM_PROMPTS)]
 
 
-@pytest.fixture(scope="module")
-def reference(model_dir, prompts):
-    """Greedy outputs of SGLang without speculation."""
-    with SGLangServer(["--model-path", model_dir]) as server:
-        outputs = generate(server, prompts, [None] * len(prompts))
-        print(f"\n[sglang harness] reference server ready in {server.startup_seconds:.1f} s")
-    return [o["output_ids"] for o in outputs]
+CONFORMANCE_CODE = """
+import json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo, _assert_custom_spec_algo_conforms
+from sglang_histospec.plugin import register
+register(); register()  # idempotent
+algo = SpeculativeAlgorithm.from_string("histospec")
+_assert_custom_spec_algo_conforms(type(algo))
+enum_methods = {n for n, v in vars(SpeculativeAlgorithm).items()
+                if callable(v) and not n.startswith("_") and not isinstance(v, (classmethod, staticmethod))}
+missing = sorted(n for n in enum_methods if not hasattr(algo, n))
+worker_cls = algo.factory(None)
+print(json.dumps({
+    "custom": isinstance(algo, CustomSpecAlgo), "name": algo.name, "is_ngram": algo.is_ngram(),
+    "has_draft_kv": algo.has_draft_kv(), "need_topk": algo.need_topk(), "overlap": algo.supports_overlap,
+    "missing": missing, "worker_is_ngram": issubclass(worker_cls, NGRAMWorker), "worker": worker_cls.__name__,
+}))
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def conformance():
+    """SGLang's own checks of the registration, run in the background while the servers start."""
+    proc = start_python(CONFORMANCE_CODE)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
 
 
 @pytest.fixture(scope="module")
-def histospec(model_dir):
-    server = SGLangServer(
+def servers(model_dir):
+    """SGLang without speculation and with HISTOSPEC (``histospec serve --backend sglang``), started side by side."""
+    plain = SGLangServer(["--model-path", model_dir])
+    histospec = SGLangServer(
         ["--model-path", model_dir, "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS)],
         module="sglang_histospec.plugin.serve",
     )
-    with server:
-        print(f"\n[sglang harness] HISTOSPEC server ready in {server.startup_seconds:.1f} s")
-        yield server
+    try:
+        plain.launch()
+        histospec.launch()
+        plain.wait_ready()
+        histospec.wait_ready()
+        print(
+            f"\n[sglang harness] servers ready: plain {plain.startup_seconds:.1f} s, "
+            f"HISTOSPEC {histospec.startup_seconds:.1f} s (started together)"
+        )
+        yield plain, histospec
+    finally:
+        plain.stop()
+        histospec.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(servers, prompts):
+    """Greedy outputs of SGLang without speculation (its server is stopped afterwards)."""
+    plain, _ = servers
+    outputs = [o["output_ids"] for o in generate(plain, prompts, [None] * len(prompts))]
+    plain.stop()
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def histospec(servers):
+    return servers[1]
 
 
 def generate(server: SGLangServer, prompts, prompt_ids, max_new_tokens: int = MAX_NEW_TOKENS) -> list[dict]:
@@ -146,31 +196,10 @@ def test_push_is_visible_and_survives_flush_and_weight_update(histospec, referen
     assert bad.status_code in (400, 422)
 
 
-def test_registration_passes_sglang_conformance_checks():
-    code = """
-import json
-from sglang.srt.plugins import load_plugins
-load_plugins()
-from sglang.srt.speculative.ngram_worker import NGRAMWorker
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_registry import CustomSpecAlgo, _assert_custom_spec_algo_conforms
-from sglang_histospec.plugin import register
-register(); register()  # idempotent
-algo = SpeculativeAlgorithm.from_string("histospec")
-_assert_custom_spec_algo_conforms(type(algo))
-enum_methods = {n for n, v in vars(SpeculativeAlgorithm).items()
-                if callable(v) and not n.startswith("_") and not isinstance(v, (classmethod, staticmethod))}
-missing = sorted(n for n in enum_methods if not hasattr(algo, n))
-worker_cls = algo.factory(None)
-print(json.dumps({
-    "custom": isinstance(algo, CustomSpecAlgo), "name": algo.name, "is_ngram": algo.is_ngram(),
-    "has_draft_kv": algo.has_draft_kv(), "need_topk": algo.need_topk(), "overlap": algo.supports_overlap,
-    "missing": missing, "worker_is_ngram": issubclass(worker_cls, NGRAMWorker), "worker": worker_cls.__name__,
-}))
-"""
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_registration_passes_sglang_conformance_checks(conformance):
+    stdout, stderr = conformance.communicate(timeout=600)
+    assert conformance.returncode == 0, stderr[-3000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert result == {
         "custom": True,
         "name": "HISTOSPEC",

@@ -20,6 +20,8 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +47,29 @@ def prompt_key(custom_params: Mapping[str, Any] | None, prompt_tokens: Sequence[
             return str(pid)
     digest = hashlib.sha1(np.asarray(list(prompt_tokens), dtype=np.int64).tobytes()).hexdigest()
     return f"tokens:{digest}"
+
+
+DRAFTER_CONFIG_ENV = "HISTOSPEC_DRAFTER_CONFIG"
+"""Optional JSON object of :class:`~sglang_histospec.core.DrafterConfig` fields for the plugin's drafter."""
+
+
+def drafter_config_from_env(environ: Mapping[str, str] | None = None) -> DrafterConfig:
+    """The drafter configuration from ``$HISTOSPEC_DRAFTER_CONFIG`` (JSON), defaults otherwise."""
+    raw = (os.environ if environ is None else environ).get(DRAFTER_CONFIG_ENV, "").strip()
+    if not raw:
+        return DrafterConfig()
+    try:
+        fields = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f'${DRAFTER_CONFIG_ENV} is not JSON ({exc}); give an object such as {{"window": 2}}') from exc
+    if not isinstance(fields, dict):
+        raise ValueError(f"${DRAFTER_CONFIG_ENV}={raw!r}; give a JSON object of DrafterConfig fields")
+    if isinstance(fields.get("sources"), list):
+        fields["sources"] = tuple(fields["sources"])
+    try:
+        return DrafterConfig(**fields)
+    except TypeError as exc:
+        raise ValueError(f"${DRAFTER_CONFIG_ENV}: {exc}; use DrafterConfig field names") from exc
 
 
 @dataclass

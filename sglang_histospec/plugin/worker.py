@@ -31,31 +31,12 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Sche
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from sglang_histospec.core import DrafterConfig
-from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, prompt_key
+from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, drafter_config_from_env, prompt_key
 
 logger = logging.getLogger(__name__)
 
 STATS_DIR_ENV = "HISTOSPEC_SGLANG_STATS_DIR"
 """Set by ``histospec serve --backend sglang``: each TP rank writes ``stats-tp<rank>.json`` there on request."""
-DRAFTER_CONFIG_ENV = "HISTOSPEC_DRAFTER_CONFIG"
-"""Optional JSON object of :class:`~sglang_histospec.core.DrafterConfig` fields for the plugin's drafter."""
-
-
-def drafter_config_from_env() -> DrafterConfig:
-    """The drafter configuration from ``$HISTOSPEC_DRAFTER_CONFIG`` (JSON), defaults otherwise."""
-    raw = os.environ.get(DRAFTER_CONFIG_ENV, "").strip()
-    if not raw:
-        return DrafterConfig()
-    try:
-        fields = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f'${DRAFTER_CONFIG_ENV} is not JSON ({exc}); give an object such as {{"window": 2}}') from exc
-    if not isinstance(fields, dict):
-        raise ValueError(f"${DRAFTER_CONFIG_ENV}={raw!r}; give a JSON object of DrafterConfig fields")
-    if isinstance(fields.get("sources"), list):
-        fields["sources"] = tuple(fields["sources"])
-    return DrafterConfig(**fields)
 
 
 class HistoSpecWorker(NGRAMWorker):

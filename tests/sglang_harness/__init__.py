@@ -76,14 +76,26 @@ def harness_env() -> dict[str, str]:
     return _base_env(with_stub=not has_real_sgl_kernel())
 
 
-def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``code`` with the harness venv's python and environment; stdout/stderr captured as text."""
+def start_python(code: str) -> subprocess.Popen:
+    """Start ``code`` with the harness venv's python and environment (stdout/stderr piped as text)."""
     python = sglang_python()
     if python is None:
         raise RuntimeError(skip_reason())
-    return subprocess.run(
-        [str(python), "-c", code], env=harness_env(), capture_output=True, text=True, timeout=timeout, cwd=RUN_DIR
+    return subprocess.Popen(
+        [str(python), "-c", code],
+        env=harness_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=RUN_DIR,
     )
+
+
+def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` with the harness venv's python and environment; stdout/stderr captured as text."""
+    proc = start_python(code)
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 # SGLang processes run outside the checkout: with the checkout as the working directory, a stale
@@ -127,7 +139,7 @@ class SGLangServer:
         self,
         args: list[str],
         module: str = "sglang.launch_server",
-        startup_timeout: float = 240,
+        startup_timeout: float = 600,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.args = list(args)
@@ -148,26 +160,34 @@ class SGLangServer:
         self.stop()
 
     def start(self) -> None:
-        import httpx
+        self.launch()
+        self.wait_ready()
 
+    def launch(self) -> None:
+        """Start the server process without waiting (several servers can start side by side)."""
         python = sglang_python()
         if python is None:
             raise RuntimeError(skip_reason())
         env = harness_env()
         env.update(self.extra_env)
         cmd = [str(python), "-m", self.module, *self.args, *CPU_SERVER_ARGS, "--port", str(self.port)]
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=RUN_DIR, start_new_session=True
             )
-        deadline = t0 + self.startup_timeout
+
+    def wait_ready(self) -> None:
+        """Block until ``/health`` answers 200; raise with the log's tail if the process dies or times out."""
+        import httpx
+
+        deadline = self._t0 + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"SGLang server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    self.startup_seconds = time.monotonic() - t0
+                    self.startup_seconds = time.monotonic() - self._t0
                     return
             except httpx.HTTPError:
                 pass
@@ -191,7 +211,16 @@ class SGLangServer:
             self.proc.wait(timeout=30)
 
 
-__all__ = ["SGLangServer", "harness_env", "run_python", "sglang_python", "skip_reason", "VENV", "REPO_ROOT"]
+__all__ = [
+    "SGLangServer",
+    "harness_env",
+    "run_python",
+    "start_python",
+    "sglang_python",
+    "skip_reason",
+    "VENV",
+    "REPO_ROOT",
+]
 
 if __name__ == "__main__":  # manual use: python -m tests.sglang_harness <sglang server args>
     with SGLangServer(sys.argv[1:]) as srv:
