@@ -33,8 +33,8 @@ class Settings:
     small: bool
     """``$HISTOSPEC_NB_SMALL=1``: small configurations (CI, about 10-30 s per notebook)."""
     demo_dir: Path
-    """``$HISTOSPEC_DEMO_DIR`` or ``<repo>/histospec-demo`` (``make demo``'s ``--out-dir``): the demo's
-    ``trace.jsonl.gz`` and ``summary.json``."""
+    """``$HISTOSPEC_DEMO_DIR`` (relative to the repository root) or ``<repo>/histospec-demo`` (where ``make demo``
+    writes): the demo's ``trace.jsonl.gz`` and ``summary.json``."""
     run_demo: bool
     """``$HISTOSPEC_NB_RUN_DEMO``: 04_training runs ``histospec demo --quick`` when the demo output is missing
     (default: yes, except in small configurations)."""
@@ -46,7 +46,7 @@ def settings() -> Settings:
     return Settings(
         trace=os.environ.get("HISTOSPEC_NB_TRACE") or None,
         small=small,
-        demo_dir=Path(os.environ.get("HISTOSPEC_DEMO_DIR") or REPO / "histospec-demo"),
+        demo_dir=REPO / (os.environ.get("HISTOSPEC_DEMO_DIR") or "histospec-demo"),  # relative: to the repository
         run_demo=os.environ.get("HISTOSPEC_NB_RUN_DEMO", "0" if small else "1") not in ("", "0"),
     )
 
@@ -64,14 +64,14 @@ def demo_trace(demo_dir: str | os.PathLike) -> Path | None:
 
 
 def synthetic_config(small: bool, **overrides):  # noqa: ANN201 (SynthConfig; imported lazily)
-    """The generator settings of the fallback trace: long-tailed lengths, 4 epochs (small: 3); ``overrides`` are
-    ``SynthConfig`` fields (e.g. more prompts per step for the HistoPipe simulation)."""
+    """The generator settings of the fallback trace (long-tailed lengths, 3 epochs; about 32k response tokens,
+    small: 11k); ``overrides`` are ``SynthConfig`` fields (e.g. more prompts per step for HistoPipe)."""
     from sglang_histospec.core.synth import SynthConfig
 
     if small:
         base = dict(prompts=12, group_size=4, epochs=3, mean_len=48, vocab=1000, prompt_len=16, seed=0)
     else:
-        base = dict(prompts=48, group_size=8, epochs=4, mean_len=96, vocab=4000, prompt_len=24, seed=0)
+        base = dict(prompts=24, group_size=8, epochs=3, mean_len=48, max_len=1024, vocab=4000, prompt_len=24, seed=0)
     return SynthConfig(**{**base, **overrides})
 
 
@@ -129,7 +129,17 @@ def run_demo(demo_dir: str | os.PathLike, args: list[str]) -> None:
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "sglang_histospec.cli", "demo", *args, "--out-dir", str(demo_dir), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_histospec.cli",
+        "demo",
+        *args,
+        "--out-dir",
+        str(demo_dir),
+        "--no-progress",
+        "--json",
+    ]
     print("running:", " ".join(cmd[2:]), flush=True)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-25:])
