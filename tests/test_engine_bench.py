@@ -1,0 +1,26 @@
+"""`histospec bench engine` runs end to end on a tiny model and prints its JSON contract (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from sglang_histospec import cli  # noqa: E402
+from tests.engine_tools import torch_threads  # noqa: E402
+from tests.tiny import make_tiny_model_dir  # noqa: E402
+
+
+def test_bench_engine_json_contract(tmp_path, capsys):
+    path = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=96, seed=0)
+    argv = ["bench", "engine", "--model", path, "--epochs", "2", "--num-prompts", "3", "--group-size", "2"]
+    argv += ["--batch", "4", "--max-new-tokens", "6", "--json"]
+    with torch_threads(1):
+        assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("tokens_per_s_histospec", "tokens_per_s_plain", "tokens_per_s_hf_generate", "speedup", "tau", "batch"):
+        assert key in out, key
+    assert out["batch"] == 4 and out["epochs_measured"] == 1 and out["tau"] >= 1.0
+    assert out["tokens_per_s_histospec"] > 0 and out["tokens_per_s_plain"] > 0 and out["tokens_per_s_hf_generate"] > 0
