@@ -4,10 +4,11 @@ Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it 
 ``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the drafter
 methods (``engine.drafter.add(...)``, ``engine.drafter.end_step(...)``); other threads hand work to it through a queue.
 
-Life of a request: ``add_request`` queues it; each ``step()`` admits queued requests (their prompt minus its last
-token is prefilled, up to ``max_running_requests`` running), then runs ONE verify forward for every running
-request (its last token as the root plus its draft tree, or just the root with ``speculative_algorithm="NONE"``)
-and returns the requests that finished in this step (aborted ones included). ``generate`` is the blocking
+Life of a request: ``add_request`` queues it; each ``step()`` admits queued requests (up to
+``max_running_requests`` running), then runs ONE verify forward for every running request (its last token as the
+root plus its draft tree, or just the root with ``speculative_algorithm="NONE"``; a newly admitted request's
+prompt minus its last token is prefilled in the same pass, or in a pass of its own when it is longer than the
+draft width) and returns the requests that finished in this step (aborted ones included). ``generate`` is the blocking
 convenience loop over ``add_request`` + ``step``.
 
 Example::
@@ -186,6 +187,7 @@ class Engine:
         self.drafter = drafter
         self.budgets = budgets
         self._speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
+        self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
         )
@@ -257,7 +259,9 @@ class Engine:
         results += self._retire()  # aborted running requests
         self._admit()
         if self._running:
-            self._prefill()
+            pending = max(len(st.tokens) - 1 - st.kv_len for st in self._running)
+            if pending > self._merge_limit:  # long prefills get their own forward; short ones join the verify pass
+                self._prefill()
             self._decode()
             results += self._retire()
         return results
@@ -464,29 +468,39 @@ class Engine:
                         trees[i] = (toks, pars)
         counts = np.array([1 if t is None else len(t[0]) for t in trees], dtype=np.int64)
         kv = np.array([st.kv_len for st in running], dtype=np.int64)
-        n = int(counts.max())
-        t_keys = int((kv + counts).max())
+        # Query layout of row b: pre[b] not yet cached tokens (a newly admitted request's prompt minus its last
+        # token: its prefill, merged into this pass), then the root, then the draft nodes. base = where the root goes.
+        pre = np.array([len(st.tokens) - 1 - st.kv_len for st in running], dtype=np.int64)
+        base = kv + pre
+        n = int((pre + counts).max())
+        t_keys = int((base + counts).max())
         self._cache.ensure(bsz, t_keys)
         rows = np.arange(bsz)
         ids = np.zeros((bsz, n), dtype=np.int64)
-        ids[:, 0] = [st.tokens[-1] for st in running]
-        pos = np.repeat(kv[:, None], n, axis=1)
+        ids[rows, pre] = [st.tokens[-1] for st in running]
+        pos = np.repeat(base[:, None], n, axis=1)
         write = np.full((bsz, n), -1, dtype=np.int64)
-        write[:, 0] = kv
-        mask = np.broadcast_to(np.arange(t_keys)[None, None, :] < kv[:, None, None], (bsz, n, t_keys)).copy()
-        mask[rows, :, kv] = True  # every row sees the root (padding rows see the past and the root only)
+        write[rows, pre] = base
+        mask = np.broadcast_to(np.arange(t_keys)[None, None, :] < base[:, None, None], (bsz, n, t_keys)).copy()
+        mask[rows, :, base] = True  # every row sees the root (padding rows see the past and the root only)
+        for b in np.flatnonzero(pre):
+            k, m = int(kv[b]), int(pre[b])
+            ids[b, :m] = running[b].tokens[k : k + m]
+            pos[b, :m] = np.arange(k, k + m)
+            write[b, :m] = pos[b, :m]
+            mask[b, :m, k : k + m + 1] = np.tril(np.ones((m, m + 1), dtype=bool))  # causal; not the root
         for b, tree in enumerate(trees):
             if tree is None:
                 continue
             toks, pars = tree
-            m, p = len(toks), int(kv[b])
+            m, p, q = len(toks), int(base[b]), int(pre[b])
             depth = np.zeros(m, dtype=np.int64)
             for j in range(1, m):
                 depth[j] = depth[pars[j]] + 1
-            ids[b, :m] = toks
-            pos[b, :m] = p + depth
-            write[b, :m] = np.arange(p, p + m)
-            mask[b, :m, p : p + m] = _ancestor_mask(pars)
+            ids[b, q : q + m] = toks
+            pos[b, q : q + m] = p + depth
+            write[b, q : q + m] = np.arange(p, p + m)
+            mask[b, q : q + m, p : p + m] = _ancestor_mask(pars)
         dev = self.device
         hidden = self._fwd.forward(
             torch.from_numpy(ids).to(dev),
@@ -497,8 +511,10 @@ class Engine:
             slot_start=0,
         )
         self._stats["forward_passes"] += 1
-        if n > 1:
-            hidden = hidden[torch.from_numpy(write >= 0).to(dev)]  # [R, H] rows in (request, node) order
+        if n > 1:  # [R, H]: the root and draft rows, in (request, node) order
+            col = np.arange(n)[None, :]
+            keep = (col >= pre[:, None]) & (col < (pre + counts)[:, None])
+            hidden = hidden[torch.from_numpy(keep).to(dev)]
         else:
             hidden = hidden[:, 0]
         logits = self._fwd.logits(hidden)
@@ -584,13 +600,14 @@ class Engine:
             if self._speculate:  # the budget controller counts chain depth: the tree's depth, the accepted length
                 self.budgets.update(st.req.rid, _depth(trees[b][1]) if trees[b] else 0, accepted)
             if st.finish is None:
-                # compact the accepted path: node i_k's K/V (written at kv_len + i_k) moves to kv_len + k
+                # compact the accepted path: node i_k's K/V (written at base + i_k) moves to base + k
+                root_at = int(base[b])
                 for k, node in enumerate(accepted_nodes, start=1):
                     if node != k:
                         mv_slot.append(b)
-                        mv_src.append(st.kv_len + node)
-                        mv_dst.append(st.kv_len + k)
-                st.kv_len += 1 + len(accepted_nodes)
+                        mv_src.append(root_at + node)
+                        mv_dst.append(root_at + k)
+                st.kv_len = root_at + 1 + len(accepted_nodes)
                 if self._speculate:
                     self.drafter.extend(st.req.rid, tokens)
         if mv_slot:
