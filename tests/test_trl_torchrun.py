@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,12 @@ from tests.trl_harness import ENV, ServerProcess  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("trl_two_rank_script.py")
 
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
 pytestmark = pytest.mark.slow  # its own server plus two TRL processes: 112 s here (2 shared cores, load ~12)
 
 
@@ -30,8 +38,16 @@ def test_two_ranks_generate_their_slices_and_main_pushes_gathered_history(tmp_pa
             str(SCRIPT), model_dir, srv.url, str(out),
         ]  # fmt: skip
         env = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _, stderr = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:  # torchrun's workers run in their own sessions: end them too
+            for pid_file in out.glob("pid*"):
+                _kill(int(pid_file.read_text()))
+            proc.kill()
+            proc.wait()
+            raise
+        assert proc.returncode == 0, stderr[-4000:]
         stats = srv.client.stats()
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]

@@ -20,6 +20,8 @@ from tests.trl_harness import length_reward, tiny_dataset, tiny_grpo_kwargs  # n
 
 def main(model_dir: str, url: str, out_dir: str) -> None:
     state = PartialState(cpu=True)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    Path(out_dir, f"pid{state.process_index}").write_text(str(os.getpid()))  # the test ends strays by pid
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_integration import HistoSpecGRPOConfig, HistoSpecGRPOTrainer
