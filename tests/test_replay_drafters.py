@@ -133,9 +133,20 @@ def test_suffix_peer_runs_and_is_bounded_by_its_oracle(budget):
         assert s.oracle_steps <= s.verify_steps
 
 
+@pytest.fixture
+def restore_sglang_modules():
+    """The light import registers bare ``sglang`` package objects; drop them afterwards for other tests."""
+    import sys
+
+    before = {m for m in sys.modules if m == "sglang" or m.startswith("sglang.")}
+    yield
+    for m in [m for m in sys.modules if (m == "sglang" or m.startswith("sglang.")) and m not in before]:
+        del sys.modules[m]
+
+
 @pytest.mark.slow  # the first use JIT-compiles SGLang's C++ (about 50 s)
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs `make install-peers`")
-def test_sglang_ngram_peer_runs_and_is_bounded_by_its_oracle():
+def test_sglang_ngram_peer_runs_and_is_bounded_by_its_oracle(restore_sglang_modules):
     budget = 7
     res = replay(SYNTH, build_drafter("sglang-ngram", budget, ngram_capacity=200_000), ReplayConfig(budget=budget))
     assert res.accepted > 0 and res.oracle_steps <= res.verify_steps

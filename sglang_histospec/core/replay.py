@@ -142,7 +142,7 @@ class ReplayConfig:
     batch: int = 1
     """Batch size at which the verify cost is read."""
     progress: bool = False
-    """Show a progress bar on stderr (tqdm)."""
+    """Show a progress bar on stderr (tqdm; only when stderr is a terminal)."""
     oracle_sources: tuple[str, ...] | None = None
     """Oracle sources; None = the drafter's (only then is the oracle a proven upper bound of the drafter)."""
     oracle_all_history: bool = False
@@ -324,7 +324,7 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
     if cfg.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="resp", desc=f"replay {drafter.name}", leave=False)
+        bar = tqdm(total=total, unit="resp", desc=f"replay {drafter.name}", leave=False, disable=None)
     t_start = time.perf_counter()
     clock = time.perf_counter_ns
     budget_cap = cfg.budget
