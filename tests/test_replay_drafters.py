@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_histospec.core.replay import ReplayConfig, replay
 from sglang_histospec.core.synth import SynthConfig, generate
@@ -152,3 +154,31 @@ def test_sglang_ngram_peer_runs_and_is_bounded_by_its_oracle(restore_sglang_modu
     assert res.accepted > 0 and res.oracle_steps <= res.verify_steps
     for s in res.per_step:
         assert s.oracle_steps <= s.verify_steps
+
+
+# --- property: the oracle bounds every drafter on random tiny traces (small vocabulary: many repeats) ---
+
+_tokens = st.lists(st.integers(0, 3), min_size=0, max_size=12)
+_record = st.tuples(st.integers(0, 2), st.sampled_from(["a", "b"]), _tokens)
+_CONFIGS = [
+    ("histospec", {}),
+    ("histospec", {"tree": False, "sources": "history,siblings,self,global", "window": 2, "min_match": 1}),
+    ("histospec", {"aimd": "paper", "prompt_tail": 0, "sources": "siblings,self"}),
+    ("rhymerl", {}),
+    ("prompt-lookup", {"pl_min": 1, "pl_max": 2}),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(_record, min_size=1, max_size=10), config=st.sampled_from(_CONFIGS), budget=st.integers(1, 5))
+def test_oracle_bounds_drafters_on_random_traces(records, config, budget):
+    recs, count = [], {}
+    for step, pid, resp in records:
+        sample = count.get((step, pid), 0)
+        count[(step, pid)] = sample + 1
+        recs.append(TraceRecord(step, pid, sample, [1, 2] if pid == "a" else [3], resp))
+    name, opts = config
+    res = replay(steps_of(recs), build_drafter(name, budget, **opts), ReplayConfig(budget=budget))
+    assert res.tokens == sum(len(r.response) for r in recs)
+    for s in res.per_step:
+        assert s.oracle_steps <= s.verify_steps <= s.tokens
