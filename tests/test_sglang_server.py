@@ -194,6 +194,10 @@ def test_push_is_visible_and_survives_flush_and_weight_update(histospec, referen
 
     bad = httpx.post(histospec.url + "/histospec/history", json={"step": -1, "entries": []}, timeout=60)
     assert bad.status_code in (400, 422)
+    step = stats(histospec)["open_step"]
+    r = httpx.post(histospec.url + "/histospec/end_step", json={"step": None}, timeout=120)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    assert stats(histospec)["open_step"] == step + 1
 
 
 def test_registration_passes_sglang_conformance_checks(conformance):

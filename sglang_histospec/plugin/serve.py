@@ -52,8 +52,11 @@ class SchedulerBridge:
 
         self._reply_socket = get_zmq_socket(zmq.Context(1), zmq.DEALER, rpc_ipc_name, True)
 
-    async def call(self, tokenizer_manager, op: str, payload: dict[str, Any] | None = None) -> None:
-        """Run ``op`` in every scheduler's HISTOSPEC worker; raises RuntimeError with SGLang's message on failure."""
+    async def call(self, tokenizer_manager, op: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run ``op`` in every scheduler's HISTOSPEC worker and return TP rank 0's stats written right after it.
+
+        Raises RuntimeError with SGLang's message when a worker failed, TimeoutError when no answer came.
+        """
         import zmq
         from sglang.srt.managers.io_struct import RpcReqInput, RpcReqOutput, sock_recv, sock_send
 
@@ -63,6 +66,8 @@ class SchedulerBridge:
             method="draft_worker", parameters={"histospec_op": op, "payload": json.dumps(payload or {})}
         )
         async with self._lock:
+            while self._reply_socket.poll(0, zmq.POLLIN):  # a late answer to an earlier, timed-out call
+                sock_recv(self._reply_socket)
             sock_send(tokenizer_manager.send_to_scheduler, request)  # on the event loop thread, like SGLang's sends
 
             def wait() -> Any:
@@ -71,10 +76,11 @@ class SchedulerBridge:
                 return sock_recv(self._reply_socket)
 
             reply = await asyncio.to_thread(wait)
-        if not isinstance(reply, RpcReqOutput):
-            raise RuntimeError(f"unexpected answer from the SGLang scheduler: {type(reply).__name__}")
-        if not reply.success:
-            raise RuntimeError(reply.message)
+            if not isinstance(reply, RpcReqOutput):
+                raise RuntimeError(f"unexpected answer from the SGLang scheduler: {type(reply).__name__}")
+            if not reply.success:
+                raise RuntimeError(reply.message)
+            return self.read_stats()
 
     def read_stats(self) -> dict[str, Any]:
         path = self.stats_dir / "stats-tp0.json"
@@ -127,12 +133,11 @@ def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
                 for e in entries
             ],
         }
-        before = bridge.read_stats().get("adapter_pushed", 0)
         try:
-            await bridge.call(get_global_state().tokenizer_manager, "push", payload)
+            result = await bridge.call(get_global_state().tokenizer_manager, "push", payload)
         except (RuntimeError, TimeoutError) as exc:
             return error(400, str(exc))
-        accepted = bridge.read_stats().get("adapter_pushed", 0) - before
+        accepted = int(result.get("last_op_result", 0))
         counters["history_pushes"] += 1
         counters["history_responses_pushed"] += accepted
         return {"accepted": accepted}
@@ -148,10 +153,10 @@ def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
     @app.get("/histospec/stats")
     async def stats():
         try:
-            await bridge.call(get_global_state().tokenizer_manager, "stats")
+            history = await bridge.call(get_global_state().tokenizer_manager, "stats")
         except (RuntimeError, TimeoutError) as exc:
             return error(503, str(exc))
-        history = bridge.read_stats()
+        history = {k: v for k, v in history.items() if not k.startswith("last_op")}
         return {**counters, "history": history, "backend": {"name": "sglang", "algorithm": ALGORITHM_NAME}}
 
 

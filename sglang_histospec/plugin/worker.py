@@ -134,28 +134,30 @@ class HistoSpecWorker(NGRAMWorker):
         """Entry point of ``RpcReqInput(method="draft_worker", parameters={"histospec_op": ..., "payload": ...})``.
 
         Ops: ``push`` (payload ``{"step": int, "entries": [{"prompt_id", "responses", "rewards"}]}``),
-        ``end_step`` (payload ``{"step": int | null}``), ``stats`` (refresh the stats file).
+        ``end_step`` (payload ``{"step": int | null}``), ``stats`` (refresh the stats file). The stats file then
+        carries ``last_op`` and ``last_op_result`` (responses added by a push).
         """
         body = json.loads(payload) if payload else {}
+        result = 0
         if histospec_op == "push":
             entries = [
                 (e["prompt_id"], e["responses"], e.get("rewards"), e.get("prompt_tokens")) for e in body["entries"]
             ]
-            added = self.histospec.push(int(body["step"]), entries)
-            logger.info("HISTOSPEC history push: step %s, %d responses added", body["step"], added)
+            result = self.histospec.push(int(body["step"]), entries)
+            logger.info("HISTOSPEC history push: step %s, %d responses added", body["step"], result)
         elif histospec_op == "end_step":
             self.histospec.end_step(body.get("step"))
         elif histospec_op != "stats":
             raise ValueError(f"histospec_op={histospec_op!r}; use push, end_step or stats")
-        self._write_stats()
+        self._write_stats(last_op=histospec_op, last_op_result=result)
 
-    def _write_stats(self) -> None:
+    def _write_stats(self, **extra) -> None:
         out_dir = os.environ.get(STATS_DIR_ENV)
         if not out_dir:
             return
         path = Path(out_dir) / f"stats-tp{self._tp_rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.histospec.stats()))
+        tmp.write_text(json.dumps({**self.histospec.stats(), **extra}))
         tmp.replace(path)
 
 
