@@ -20,8 +20,8 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("route",): "sglang_histospec.commands.route",
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
-    ("demo",): "sglang_histospec.commands.demo",
     ("bench", "engine"): "sglang_histospec.commands.bench_engine",
+    ("demo",): "sglang_histospec.commands.demo",
 }
 
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         sub = groups[path[:-1]].add_parser(path[-1], help=module.HELP, description=module.HELP)
         module.add_arguments(sub)
-        sub.set_defaults(_run=module.run)
+        sub.set_defaults(_run=module.run, _allow_extra=getattr(module, "ALLOW_EXTRA_ARGS", False))
     return parser
 
 
@@ -50,7 +50,10 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "_allow_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra_args = extra
     run = getattr(args, "_run", None)
     if run is None:
         parser.print_help()

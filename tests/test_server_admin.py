@@ -3,6 +3,7 @@ restart, and the ``histospec serve`` command in a subprocess."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -156,9 +157,13 @@ def test_history_restored_after_restart(tiny_model_dir, tmp_path):
 def test_serve_refuses_public_host_without_key_and_unknown_backend(capsys):
     assert cli.main(["serve", "--model", "/nonexistent", "--host", "0.0.0.0"]) == 2
     assert "--admin-api-key" in capsys.readouterr().err
-    if not os.path.exists(os.path.join(os.path.dirname(cli.__file__), "plugin", "serve.py")):
+    if importlib.util.find_spec("sglang") is None:
         assert cli.main(["serve", "--model", "/nonexistent", "--backend", "sglang"]) == 2
-        assert "plugin.serve" in capsys.readouterr().err
+        assert "make install-sglang" in capsys.readouterr().err
+    assert cli.main(["serve", "--model", "/nonexistent", "--dtype-x", "float32"]) == 2
+    assert "unrecognized arguments for --backend torch: --dtype-x float32" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["trace", "stats", "t.jsonl", "--bogus"])
 
 
 @pytest.mark.slow  # ~25 s: a fresh interpreter imports torch and transformers

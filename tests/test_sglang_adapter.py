@@ -198,7 +198,7 @@ def test_histospec_serve_maps_its_arguments_to_sglang():
     import argparse
 
     from sglang_histospec.commands import serve as serve_command
-    from sglang_histospec.plugin.serve import _sglang_argv
+    from sglang_histospec.server.sglang_backend import _sglang_argv
 
     parser = argparse.ArgumentParser()
     serve_command.add_arguments(parser)
@@ -207,7 +207,11 @@ def test_histospec_serve_maps_its_arguments_to_sglang():
     assert argv[:6] == ["--model-path", "/m", "--host", "127.0.0.1", "--port", "31000"]
     assert argv[argv.index("--speculative-algorithm") + 1] == ALGORITHM_NAME
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "8"
-    assert "--device" not in argv  # "auto" leaves the choice to SGLang
+    assert "--device" not in argv and "--dtype" not in argv  # "auto" leaves the choice to SGLang
+    args = parser.parse_args(["--backend", "sglang", "--model", "/m", "--dtype", "float32"])
+    args.sglang_args = ["--max-total-tokens", "4096"]
+    argv = _sglang_argv(args)
+    assert argv[argv.index("--dtype") + 1] == "float32" and argv[-2:] == ["--max-total-tokens", "4096"]
     plain = _sglang_argv(
         parser.parse_args(["--backend", "sglang", "--model", "/m", "--speculative-algorithm", "NONE"])
     )

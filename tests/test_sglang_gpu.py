@@ -96,7 +96,7 @@ def test_histospec_on_gpu_matches_greedy_and_samples(model_dir):
         reference = [o["output_ids"] for o in _generate(ref.url, prompts, ids, 0.0)]
     finally:
         ref.stop()
-    hs = _Server([*common, "--speculative-num-draft-tokens", "8"], "sglang_histospec.plugin.serve")
+    hs = _Server([*common, "--speculative-num-draft-tokens", "8"], "sglang_histospec.server.sglang_backend")
     try:
         hs.wait()
         assert [o["output_ids"] for o in _generate(hs.url, prompts, ids, 0.0)] == reference

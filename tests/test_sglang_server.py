@@ -88,7 +88,7 @@ def servers(model_dir):
     plain = SGLangServer(["--model-path", model_dir])
     histospec = SGLangServer(
         ["--model-path", model_dir, "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS)],
-        module="sglang_histospec.plugin.serve",
+        module="sglang_histospec.server.sglang_backend",
     )
     try:
         plain.launch()

@@ -1,8 +1,9 @@
 """``histospec serve``: the HTTP rollout server (SGLang-compatible API plus history routes).
 
 Example: ``histospec serve --backend torch --model /tmp/tiny --port 30000 --history-dir /tmp/h``.
-``--backend sglang`` hands the parsed arguments to ``sglang_histospec.plugin.serve.run(args)`` (the SGLang plugin's
-launcher) when that module exists.
+``--backend sglang`` hands the parsed arguments, plus any argument this command does not know (SGLang's own, e.g.
+``--max-total-tokens 4096``), to ``sglang_histospec.server.sglang_backend.run(args)``: SGLang's HTTP server with the
+HISTOSPEC plugin and the /histospec routes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import sys
 COMMAND = ("serve",)
 HELP = "serve the HTTP rollout API (SGLang /generate, history push, stats, metrics, weight updates)"
 
-SGLANG_SERVE_MODULE = "sglang_histospec.plugin.serve"
+SGLANG_SERVE_MODULE = "sglang_histospec.server.sglang_backend"
+ALLOW_EXTRA_ARGS = True
+"""Unknown arguments are SGLang's own with ``--backend sglang`` (e.g. ``--dtype float32 --max-total-tokens 4096``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,15 +64,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    extra = list(getattr(args, "extra_args", None) or [])
     if args.backend == "sglang":
-        if importlib.util.find_spec(SGLANG_SERVE_MODULE) is None:
+        if importlib.util.find_spec("sglang") is None:
             print(
-                f"error: --backend sglang needs {SGLANG_SERVE_MODULE} (the SGLang plugin launcher), which this "
-                "installation does not have; use --backend torch",
+                "error: --backend sglang needs SGLang 0.5.23 installed in this environment (GPU: "
+                "pip install 'sglang-histospec[sglang]'; CPU test harness: make install-sglang); or use --backend torch",
                 file=sys.stderr,
             )
             return 2
+        args.sglang_args = extra  # SGLang's own arguments, passed through unchanged
         return int(importlib.import_module(SGLANG_SERVE_MODULE).run(args) or 0)
+    if extra:
+        print(f"error: unrecognized arguments for --backend torch: {' '.join(extra)}", file=sys.stderr)
+        return 2
     return _run_torch(args)
 
 

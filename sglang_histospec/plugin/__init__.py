@@ -12,7 +12,7 @@ Example::
     # requests carry "sampling_params": {"custom_params": {"prompt_id": "gsm-17"}}
 
 Nothing here imports SGLang at module import time; :func:`register` imports it lazily. ``histospec serve
---backend sglang`` runs :mod:`sglang_histospec.plugin.serve` (SGLang's server plus the /histospec routes).
+--backend sglang`` runs :mod:`sglang_histospec.server.sglang_backend` (SGLang's server plus the /histospec routes).
 """
 
 from __future__ import annotations

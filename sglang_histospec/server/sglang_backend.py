@@ -1,0 +1,228 @@
+"""``histospec serve --backend sglang``: SGLang's own HTTP server with the HISTOSPEC algorithm and history routes.
+
+Routes added to SGLang's FastAPI app (same contract as the torch backend, same request models):
+
+* ``POST /histospec/history`` ``{"step", "entries": [{"prompt_id", "responses", "rewards", "prompt_tokens"}]}``
+  -> ``{"accepted": n}``;
+* ``POST /histospec/end_step`` ``{"step": int | null}``: close the drafter's open step;
+* ``GET /histospec/stats``: the drafter's counters as seen by TP rank 0.
+
+A push travels through SGLang's own inter-process path: an ``RpcReqInput(method="draft_worker")`` sent on the
+tokenizer manager's channel to the schedulers, which call the HISTOSPEC worker inside their event loop on every TP
+rank at the same point, and answer through SGLang's RPC socket once all ranks passed the barrier. The route returns
+after that answer, so a push is visible to the next request. Everything else (``/generate``, weight updates,
+``/flush_cache``, metrics) is SGLang's.
+
+Example::
+
+    python -m sglang_histospec.server.sglang_backend --model-path M --port 30000 --speculative-num-draft-tokens 8
+    curl -X POST localhost:30000/histospec/history -d '{"step": 0, "entries": [{"prompt_id": "p", "responses": [[5]]}]}'
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sglang_histospec.plugin import ALGORITHM_NAME
+
+logger = logging.getLogger(__name__)
+
+RPC_TIMEOUT_S = 120.0
+"""How long a route waits for the schedulers to apply a push (they apply it between two batches)."""
+
+
+class SchedulerBridge:
+    """Sends history operations to the HISTOSPEC workers of all scheduler processes and waits for their answer."""
+
+    def __init__(self, stats_dir: str) -> None:
+        self.stats_dir = Path(stats_dir)
+        self._reply_socket = None
+        self._lock = asyncio.Lock()
+
+    def bind(self, rpc_ipc_name: str) -> None:
+        """Bind the endpoint on which SGLang's scheduler (TP rank 0) answers RPC requests."""
+        import zmq
+        from sglang.srt.utils.network import get_zmq_socket
+
+        self._reply_socket = get_zmq_socket(zmq.Context(1), zmq.DEALER, rpc_ipc_name, True)
+
+    async def call(self, tokenizer_manager, op: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run ``op`` in every scheduler's HISTOSPEC worker and return TP rank 0's stats written right after it.
+
+        Raises RuntimeError with SGLang's message when a worker failed, TimeoutError when no answer came.
+        """
+        import zmq
+        from sglang.srt.managers.io_struct import RpcReqInput, RpcReqOutput, sock_recv, sock_send
+
+        if self._reply_socket is None:
+            raise RuntimeError("the SGLang schedulers are not started yet")
+        request = RpcReqInput(
+            method="draft_worker", parameters={"histospec_op": op, "payload": json.dumps(payload or {})}
+        )
+        async with self._lock:
+            while self._reply_socket.poll(0, zmq.POLLIN):  # a late answer to an earlier, timed-out call
+                sock_recv(self._reply_socket)
+            sock_send(tokenizer_manager.send_to_scheduler, request)  # on the event loop thread, like SGLang's sends
+
+            def wait() -> Any:
+                if not self._reply_socket.poll(int(RPC_TIMEOUT_S * 1000), zmq.POLLIN):
+                    raise TimeoutError(f"no answer from the SGLang schedulers within {RPC_TIMEOUT_S} s")
+                return sock_recv(self._reply_socket)
+
+            reply = await asyncio.to_thread(wait)
+            if not isinstance(reply, RpcReqOutput):
+                raise RuntimeError(f"unexpected answer from the SGLang scheduler: {type(reply).__name__}")
+            if not reply.success:
+                raise RuntimeError(reply.message)
+            return self.read_stats()
+
+    def read_stats(self) -> dict[str, Any]:
+        path = self.stats_dir / "stats-tp0.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
+    """Add the /histospec routes to SGLang's FastAPI ``app``."""
+    import hmac
+
+    from fastapi import Depends, HTTPException, Request
+    from fastapi.responses import JSONResponse
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    from sglang_histospec.server.protocol import ModelLimits
+    from sglang_histospec.server.schemas import EndStepBody, FieldError, HistoryPushBody, to_history_entries
+
+    def check_admin(request: Request) -> None:
+        if admin_api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {admin_api_key}".encode()):
+            raise HTTPException(status_code=401, detail="admin route: send Authorization: Bearer <admin key>")
+
+    def limits() -> ModelLimits:
+        tm = get_global_state().tokenizer_manager
+        vocab = int(getattr(tm.model_config, "vocab_size", 2**31 - 1))
+        return ModelLimits(vocab_size=vocab, context_len=int(tm.context_len))
+
+    def error(status: int, message: str, field: str | None = None) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "field": field}}, status_code=status)
+
+    counters = {"history_pushes": 0, "history_responses_pushed": 0}
+
+    @app.post("/histospec/history", dependencies=[Depends(check_admin)])
+    async def push_history(body: HistoryPushBody):
+        try:
+            entries = to_history_entries(body, limits())
+        except FieldError as exc:
+            return error(400, str(exc), exc.field)
+        payload = {
+            "step": body.step,
+            "entries": [
+                {
+                    "prompt_id": e.prompt_id,
+                    "responses": e.responses,
+                    "rewards": e.rewards,
+                    "prompt_tokens": e.prompt_tokens,
+                }
+                for e in entries
+            ],
+        }
+        try:
+            result = await bridge.call(get_global_state().tokenizer_manager, "push", payload)
+        except (RuntimeError, TimeoutError) as exc:
+            return error(400, str(exc))
+        accepted = int(result.get("last_op_result", 0))
+        counters["history_pushes"] += 1
+        counters["history_responses_pushed"] += accepted
+        return {"accepted": accepted}
+
+    @app.post("/histospec/end_step", dependencies=[Depends(check_admin)])
+    async def end_step(body: EndStepBody):
+        try:
+            await bridge.call(get_global_state().tokenizer_manager, "end_step", {"step": body.step})
+        except (RuntimeError, TimeoutError) as exc:
+            return error(400, str(exc))
+        return {"success": True}
+
+    @app.get("/histospec/stats")
+    async def stats():
+        try:
+            history = await bridge.call(get_global_state().tokenizer_manager, "stats")
+        except (RuntimeError, TimeoutError) as exc:
+            return error(503, str(exc))
+        history = {k: v for k, v in history.items() if not k.startswith("last_op")}
+        return {**counters, "history": history, "backend": {"name": "sglang", "algorithm": ALGORITHM_NAME}}
+
+
+def _sglang_argv(args: argparse.Namespace) -> list[str]:
+    """SGLang server arguments from ``histospec serve``'s parsed arguments (plus ``args.sglang_args``)."""
+    argv = ["--model-path", args.model, "--host", args.host, "--port", str(args.port)]
+    if args.speculative_algorithm != "NONE":
+        argv += [
+            "--speculative-algorithm",
+            ALGORITHM_NAME,
+            "--speculative-num-draft-tokens",
+            str(args.num_draft_tokens),
+        ]
+    argv += ["--max-running-requests", str(args.max_running_requests), "--log-level", args.log_level]
+    if getattr(args, "device", "auto") not in (None, "auto"):
+        argv += ["--device", args.device]
+    if getattr(args, "dtype", "auto") not in (None, "auto"):
+        argv += ["--dtype", args.dtype]
+    if getattr(args, "admin_api_key", None):
+        argv += ["--admin-api-key", args.admin_api_key]
+    return argv + list(getattr(args, "sglang_args", None) or [])
+
+
+def run(args: argparse.Namespace) -> int:
+    """The hook of ``histospec serve --backend sglang`` (``sglang_histospec.commands.serve``)."""
+    return main(_sglang_argv(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start SGLang's HTTP server with ``argv`` (SGLang's own arguments; HISTOSPEC unless another algorithm)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a == "--speculative-algorithm" or a.startswith("--speculative-algorithm=") for a in argv):
+        argv += ["--speculative-algorithm", ALGORITHM_NAME]
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # runs our entry point like every other SGLang process (registers HISTOSPEC)
+    from sglang_histospec.plugin import register
+
+    register()  # also when the entry point's metadata is missing (a source checkout on PYTHONPATH)
+
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.entrypoints.engine import init_tokenizer_manager
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_histospec.plugin.worker import STATS_DIR_ENV
+
+    server_args = prepare_server_args(argv)
+    stats_dir = tempfile.mkdtemp(prefix="histospec-sglang-")
+    os.environ[STATS_DIR_ENV] = stats_dir  # inherited by the scheduler processes (spawned after this)
+    bridge = SchedulerBridge(stats_dir)
+    add_routes(http_server.app, bridge, getattr(server_args, "admin_api_key", None))
+
+    def init_tokenizer_manager_with_bridge(server_args, port_args, *rest, **kw):
+        bridge.bind(port_args.rpc_ipc_name)
+        return init_tokenizer_manager(server_args, port_args, *rest, **kw)
+
+    server_args.resolve_once()
+    try:
+        http_server.launch_server(server_args, init_tokenizer_manager_func=init_tokenizer_manager_with_bridge)
+    finally:
+        from sglang.srt.utils import kill_process_tree
+
+        kill_process_tree(os.getpid(), include_parent=False)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(main())
