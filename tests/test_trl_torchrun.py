@@ -14,9 +14,10 @@ import pytest
 
 pytest.importorskip("trl")
 
+from sglang_histospec.demo.server_process import RolloutServerProcess  # noqa: E402
 from sglang_histospec.server.launch import free_port  # noqa: E402
 from tests.tiny import make_tiny_model_dir  # noqa: E402
-from tests.trl_harness import ENV, ServerProcess  # noqa: E402
+from tests.trl_harness import ENV  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("trl_two_rank_script.py")
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.slow  # its own server plus two TRL processes: 112 s he
 def test_two_ranks_generate_their_slices_and_main_pushes_gathered_history(tmp_path):
     model_dir = make_tiny_model_dir(tmp_path / "m", vocab_size=64)
     out = tmp_path / "out"
-    with ServerProcess(model_dir, log_path=str(tmp_path / "server.log")) as srv:
+    with RolloutServerProcess(model_dir, log_path=str(tmp_path / "server.log")) as srv:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
             str(SCRIPT), model_dir, srv.url, str(out),

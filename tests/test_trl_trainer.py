@@ -16,8 +16,9 @@ pytest.importorskip("trl")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from sglang_histospec.demo.server_process import RolloutServerProcess  # noqa: E402
 from tests.tiny import make_char_tokenizer, make_tiny_model_dir  # noqa: E402
-from tests.trl_harness import ServerProcess, length_reward, tiny_dataset, tiny_grpo_kwargs  # noqa: E402
+from tests.trl_harness import length_reward, tiny_dataset, tiny_grpo_kwargs  # noqa: E402
 from trl_integration import (  # noqa: E402
     HistoSpecGRPOConfig,
     HistoSpecGRPOTrainer,
@@ -37,8 +38,12 @@ def servers(model_dir, tmp_path_factory):
     """{"on": HISTOSPEC server, "off": NONE server}, started concurrently."""
     logs = tmp_path_factory.mktemp("trl-logs")
     with ThreadPoolExecutor(2) as pool:
-        on = pool.submit(ServerProcess, model_dir, speculative_algorithm="HISTOSPEC", log_path=str(logs / "on.log"))
-        off = pool.submit(ServerProcess, model_dir, speculative_algorithm="NONE", log_path=str(logs / "off.log"))
+        on = pool.submit(
+            RolloutServerProcess, model_dir, speculative_algorithm="HISTOSPEC", log_path=str(logs / "on.log")
+        )
+        off = pool.submit(
+            RolloutServerProcess, model_dir, speculative_algorithm="NONE", log_path=str(logs / "off.log")
+        )
         procs = {"on": on.result(), "off": off.result()}
     yield procs
     for p in procs.values():

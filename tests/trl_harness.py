@@ -1,65 +1,18 @@
-"""The rollout server (``histospec serve --backend torch``) in a subprocess, a tiny model and data for TRL tests.
+"""Offline environment, tiny data and GRPOConfig fields for TRL tests (the server subprocess is the product's
+``sglang_histospec.demo.server_process.RolloutServerProcess``).
 
 Example::
 
-    with ServerProcess(model_dir) as srv:
+    with RolloutServerProcess(model_dir) as srv:
         args = HistoSpecGRPOConfig(output_dir=..., rollout_urls=[srv.url], **tiny_grpo_kwargs())
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-from sglang_histospec.server.client import HistoSpecClient
-from sglang_histospec.server.launch import free_port
 
 ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "CI": "1"}
 os.environ.update(ENV)
-
-
-class ServerProcess:
-    """``histospec serve --backend torch --model DIR`` on a free loopback port; ``url``, ``client``, ``stop()``."""
-
-    def __init__(self, model_dir: str, *, speculative_algorithm: str = "HISTOSPEC", log_path: str | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable, "-m", "sglang_histospec.cli", "serve", "--backend", "torch", "--model", model_dir,
-            "--port", str(self.port), "--device", "cpu", "--speculative-algorithm", speculative_algorithm,
-            "--log-level", "warning",
-        ]  # fmt: skip
-        self._log = open(log_path or os.devnull, "w")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
-        root = str(Path(__file__).resolve().parents[1])
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=root)
-        self.client = HistoSpecClient(self.url, timeout=300)
-        deadline = time.monotonic() + 120
-        while not self.client.health():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"rollout server did not start (exit code {self.proc.returncode}); see {log_path}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def tiny_dataset(n: int = 4, with_ids: bool = True, id_prefix: str = "q"):
