@@ -12,14 +12,10 @@ scipy_stats = pytest.importorskip("scipy.stats")
 
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams  # noqa: E402
 from sglang_histospec.engine.engine import Engine  # noqa: E402
-from tests.engine_tools import FixedBudgets, ScriptedDrafter, reference_probs, torch_threads  # noqa: E402
+from tests.engine_tools import FixedBudgets, ScriptedDrafter, reference_probs  # noqa: E402
 from tests.tiny import make_tiny_model_dir  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 VOCAB = 32

@@ -7,14 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sglang_histospec.engine.model import TreeForward, check_architecture  # noqa: E402
-from tests.engine_tools import torch_threads  # noqa: E402
 from tests.tiny import make_tiny_model_dir  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    with torch_threads(1):
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
