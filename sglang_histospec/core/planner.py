@@ -238,7 +238,7 @@ class Planner:
             counts = [self.split_sizes(g, n * margin, target, workers) for g, n in zip(groups, predicted)]
             pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
             assign = self._greedy(groups, predicted, pieces, list(backlog), order)
-            makespan = self._makespan(groups, predicted, pieces, assign, backlog)
+            makespan = max(load.finish(self.cost) for load in self._loads(groups, predicted, pieces, assign, backlog))
             if best is None or makespan < best[0] - 1e-12:
                 best = (makespan, counts)
             if best is not None and target != hi:
@@ -289,16 +289,6 @@ class Planner:
         for (i, m), w in zip(pieces, assign):
             loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m)
         return loads
-
-    def _makespan(
-        self,
-        groups: Sequence[Group],
-        predicted: list[float],
-        pieces: Sequence[tuple[int, int]],
-        assign: Sequence[int],
-        backlog: Sequence[float],
-    ) -> float:
-        return max(load.finish(self.cost) for load in self._loads(groups, predicted, pieces, assign, backlog))
 
     def _build(
         self,
