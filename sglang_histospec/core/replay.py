@@ -38,7 +38,7 @@ import numpy as np
 
 from sglang_histospec.core.kgrams import KeySet, kgram_keys, leading_true, self_occurs
 from sglang_histospec.core.trace import TraceRecord, TraceStep
-from sglang_histospec.core.types import ROOT, Draft
+from sglang_histospec.core.types import ROOT, AcceptanceRates, Draft
 from sglang_histospec.core.verifycost import VerifyCostTable
 
 SOURCES = ("history", "siblings", "self", "global")
@@ -169,7 +169,7 @@ class StepStats:
 
 
 @dataclass(slots=True)
-class ReplayResult:
+class ReplayResult(AcceptanceRates):
     """Output of ``replay``; ``to_json()`` gives the documented JSON object."""
 
     drafter: str
@@ -187,14 +187,6 @@ class ReplayResult:
     per_step: list[StepStats] = field(default_factory=list)
     accept_hist: list[int] = field(default_factory=list)
     """accept_hist[a] = verify steps that accepted a nodes."""
-
-    @property
-    def tau(self) -> float:
-        return self.tokens / self.verify_steps if self.verify_steps else 0.0
-
-    @property
-    def accept_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
     def oracle_tau(self) -> float | None:

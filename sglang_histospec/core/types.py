@@ -64,3 +64,28 @@ class Draft:
         if n and self.match_len < 0:
             return f"match_len {self.match_len} < 0"
         return None
+
+
+class AcceptanceRates:
+    """``tau`` and ``accept_rate`` for a result class with ``tokens``, ``verify_steps``, ``drafted`` and
+    ``accepted`` counts (a mixin: it adds no fields, so dataclasses with ``slots=True`` can use it).
+
+    Example: 12 tokens in 4 verify steps with 10 drafted and 8 accepted nodes give ``tau == 3.0`` and
+    ``accept_rate == 0.8``.
+    """
+
+    __slots__ = ()
+    tokens: int
+    verify_steps: int
+    drafted: int
+    accepted: int
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verify step (0 before any step)."""
+        return self.tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        """Accepted / drafted nodes (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0

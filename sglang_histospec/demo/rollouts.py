@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from sglang_histospec.core.types import AcceptanceRates
 from sglang_histospec.demo.task import ArithTask
 
 
@@ -57,8 +58,8 @@ class RolloutConfig:
 
 
 @dataclass
-class EpochStats:
-    """What one epoch of rollouts did."""
+class EpochStats(AcceptanceRates):
+    """What one epoch of rollouts did (``tau``: tokens per request-step, 1.0 without drafting)."""
 
     epoch: int
     mode: str
@@ -75,16 +76,6 @@ class EpochStats:
     """Wall time of the epoch's generation."""
     forward_passes: int | None = None
     """Batched verify forwards (what costs time), when the engine is in this process."""
-
-    @property
-    def tau(self) -> float:
-        """Tokens per request-step (1.0 without drafting)."""
-        return self.tokens / self.verify_steps if self.verify_steps else 0.0
-
-    @property
-    def accept_rate(self) -> float:
-        """Accepted / drafted tokens (0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
 
     def as_dict(self) -> dict:
         out = dict(vars(self))
