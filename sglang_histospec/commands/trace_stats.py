@@ -59,6 +59,11 @@ def _plot(stats, out_dir: str) -> None:  # noqa: ANN001
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def save(fig, name: str) -> None:  # noqa: ANN001
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=120)
+        plt.close(fig)
+
     os.makedirs(out_dir, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4))
     for p in stats.pairs:
@@ -67,9 +72,7 @@ def _plot(stats, out_dir: str) -> None:  # noqa: ANN001
     ax.set_ylabel("responses")
     if stats.pairs:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "token_reuse.png"), dpi=120)
-    plt.close(fig)
+    save(fig, "token_reuse.png")
     fig, ax = plt.subplots(figsize=(5, 5))
     for p in stats.pairs:
         ax.scatter(p.mean_lengths[0], p.mean_lengths[1], s=6, label=f"epoch {p.epochs[0]}->{p.epochs[1]}")
@@ -79,13 +82,9 @@ def _plot(stats, out_dir: str) -> None:  # noqa: ANN001
     ax.set_ylabel("mean response length, epoch e+1")
     if stats.pairs:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "length_stability.png"), dpi=120)
-    plt.close(fig)
+    save(fig, "length_stability.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.hist(stats.lengths, bins=60, log=True)
     ax.set_xlabel("response length (tokens)")
     ax.set_ylabel("responses")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "lengths.png"), dpi=120)
-    plt.close(fig)
+    save(fig, "lengths.png")
