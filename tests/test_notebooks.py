@@ -8,6 +8,7 @@ user trace instead. The committed notebooks must carry no outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -20,6 +21,7 @@ import pytest
 from sglang_histospec.core.synth import SynthConfig, write_synthetic
 from sglang_histospec.demo import model as demo_model
 from sglang_histospec.demo.task import TaskConfig
+from tests.demo_tools import TINY
 
 NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -36,18 +38,8 @@ runner = _load("run")
 nbhelpers = _load("nbhelpers")
 
 # A very small demo model: 04_training needs the demo's real output (two runs of the real engine), not its quality.
-TINY_DEMO = demo_model.DemoModelConfig(
-    task=TaskConfig(seed=11, num_prompts=4),
-    hidden_size=32,
-    num_layers=1,
-    num_heads=2,
-    num_kv_heads=1,
-    intermediate_size=64,
-    train_examples=256,
-    max_steps=10,
-    batch_size=32,
-    warmup_steps=2,
-    target_reward=None,
+TINY_DEMO = dataclasses.replace(
+    TINY, task=TaskConfig(seed=11, num_prompts=4), train_examples=256, max_steps=10, warmup_steps=2
 )
 
 
