@@ -426,18 +426,27 @@ class Engine:
             write[b, :m] = pos[b, :m]
             mask[b, :m, : k + m] = np.tril(np.ones((m, k + m), dtype=bool), k)
             mask[b, m:, 0] = True
+        self._forward(ids, pos, write, mask, slot_start=start)
+        for b, st in enumerate(rows):
+            st.kv_len += lens[b]
+
+    def _forward(
+        self, ids: np.ndarray, pos: np.ndarray, write: np.ndarray, mask: np.ndarray, slot_start: int
+    ) -> torch.Tensor:
+        """One counted forward pass on host arrays (``TreeForward.forward``): ids, pos, write [B, Q] int64 (cache
+        index written, -1 = padding), mask [B, Q, T] bool (True = may attend); row b is cache slot
+        ``slot_start + b``. Returns the hidden states [B, Q, H] after the final norm."""
         dev = self.device
-        self._fwd.forward(
+        hidden = self._fwd.forward(
             torch.from_numpy(ids).to(dev),
             torch.from_numpy(pos).to(dev),
             torch.from_numpy(write).to(dev),
             torch.from_numpy(mask).to(dev)[:, None],
             self._cache,
-            slot_start=start,
+            slot_start=slot_start,
         )
-        for b, st in enumerate(rows):
-            st.kv_len += lens[b]
         self._stats["forward_passes"] += 1
+        return hidden
 
     def _budgets(self) -> list[int]:
         running = self._running
@@ -501,16 +510,8 @@ class Engine:
             pos[b, q : q + m] = p + depth
             write[b, q : q + m] = np.arange(p, p + m)
             mask[b, q : q + m, p : p + m] = _ancestor_mask(pars)
+        hidden = self._forward(ids, pos, write, mask, slot_start=0)
         dev = self.device
-        hidden = self._fwd.forward(
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(pos).to(dev),
-            torch.from_numpy(write).to(dev),
-            torch.from_numpy(mask).to(dev)[:, None],
-            self._cache,
-            slot_start=0,
-        )
-        self._stats["forward_passes"] += 1
         if n > 1:  # [R, H]: the root and draft rows, in (request, node) order
             col = np.arange(n)[None, :]
             keep = (col >= pre[:, None]) & (col < (pre + counts)[:, None])
