@@ -143,13 +143,8 @@ def parse_record(line: str, path: str = "<trace>", lineno: int = 1) -> TraceReco
 
 def read_trace(path: str | os.PathLike) -> Iterator[TraceRecord]:
     """Stream the records of a trace in file order; blank lines are skipped."""
-    spath = os.fspath(path)
-    if not os.path.exists(spath):
-        raise TraceError(f"{spath}: no such trace file")
-    with _open_text(spath, "r") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                yield parse_record(line, spath, lineno)
+    for _, rec in _numbered(os.fspath(path)):
+        yield rec
 
 
 class _StepChecker:
