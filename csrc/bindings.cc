@@ -22,7 +22,7 @@ namespace {
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-const char* const kSourceNames[] = {"history", "siblings", "self", "global"};
+const char* const kSourceNames[] = {"history", "siblings", "self", "global", "mixed"};
 
 Span checked(Span s) {
   for (int64_t i = 0; i < s.size; ++i)

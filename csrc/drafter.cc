@@ -257,10 +257,88 @@ struct MultiSource {
   }
 };
 
-double score_of(const DraftOut& d) {
-  double s = 0.0;
-  for (double p : d.probs) s += p;
-  return s;
+// Union of several sources' drafts (docs/drafting.md section 6): one trie keyed by token path, path probabilities
+// summed in source order and divided by k, then expanded best-first (ties: push order) and output in BFS order.
+void merge_drafts(const DraftOut* cands, int32_t k, int32_t budget, DraftOut& out) {
+  struct UNode {
+    int32_t token, parent, depth;
+    double p;
+    int32_t first_child, next_sibling;  // children kept in ascending token order
+  };
+  static thread_local std::vector<UNode> nodes;
+  static thread_local std::vector<int32_t> ids, sel, pop_rank, out_index, order;
+  static thread_local std::vector<Cand> heap;
+  nodes.clear();
+  heap.clear();
+  sel.clear();
+  int32_t root_first = -1;
+  int32_t match_len = 0;
+  size_t total = 0;
+  for (int32_t c = 0; c < k; ++c) total += cands[c].tokens.size();
+  nodes.reserve(total);  // no reallocation below: `link` points into nodes
+  for (int32_t c = 0; c < k; ++c) {
+    const DraftOut& d = cands[c];
+    match_len = std::max(match_len, d.match_len);
+    ids.assign(d.tokens.size(), -1);
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+      const int32_t par = d.parents[i] < 0 ? -1 : ids[d.parents[i]];
+      int32_t* link = par < 0 ? &root_first : &nodes[par].first_child;
+      const int32_t t = d.tokens[i];
+      while (*link >= 0 && nodes[*link].token < t) link = &nodes[*link].next_sibling;
+      int32_t v = *link;
+      if (v < 0 || nodes[v].token != t) {
+        v = static_cast<int32_t>(nodes.size());
+        const int32_t depth = par < 0 ? 0 : nodes[par].depth + 1;
+        nodes.push_back(UNode{t, par, depth, 0.0, -1, *link});
+        *link = v;
+      }
+      nodes[v].p += d.probs[i];
+      ids[i] = v;
+    }
+  }
+  const double kf = static_cast<double>(k);
+  int64_t seq = 0;
+  auto push = [&](int32_t first, int32_t parent_rank) {
+    for (int32_t v = first; v >= 0; v = nodes[v].next_sibling) {
+      heap.push_back(Cand{nodes[v].p / kf, seq++, parent_rank, nodes[v].token, v});
+      std::push_heap(heap.begin(), heap.end(), CandLess());
+    }
+  };
+  push(root_first, -1);
+  pop_rank.assign(nodes.size(), -1);
+  while (!heap.empty() && static_cast<int32_t>(sel.size()) < budget) {
+    std::pop_heap(heap.begin(), heap.end(), CandLess());
+    const Cand c = heap.back();
+    heap.pop_back();
+    pop_rank[c.node] = static_cast<int32_t>(sel.size());
+    sel.push_back(c.node);
+    push(nodes[c.node].first_child, pop_rank[c.node]);
+  }
+  // BFS output: by depth, then the parent's output index, then pop rank
+  order = sel;
+  out_index.assign(nodes.size(), -1);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return nodes[a].depth < nodes[b].depth; });
+  size_t lo = 0;
+  while (lo < order.size()) {
+    size_t hi = lo;
+    while (hi < order.size() && nodes[order[hi]].depth == nodes[order[lo]].depth) ++hi;
+    std::sort(order.begin() + lo, order.begin() + hi, [&](int32_t a, int32_t b) {
+      const int32_t pa = nodes[a].parent < 0 ? -1 : out_index[nodes[a].parent];
+      const int32_t pb = nodes[b].parent < 0 ? -1 : out_index[nodes[b].parent];
+      return pa != pb ? pa < pb : pop_rank[a] < pop_rank[b];
+    });
+    for (size_t i = lo; i < hi; ++i) out_index[order[i]] = static_cast<int32_t>(i);
+    lo = hi;
+  }
+  out = DraftOut();
+  out.tokens.reserve(order.size());
+  for (int32_t v : order) {
+    out.tokens.push_back(nodes[v].token);
+    out.parents.push_back(nodes[v].parent < 0 ? -1 : out_index[nodes[v].parent]);
+    out.probs.push_back(nodes[v].p / kf);
+  }
+  out.match_len = match_len;
+  out.source = kMixed;
 }
 
 }  // namespace
@@ -614,10 +692,12 @@ void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
     IndexPtr g = global_index();
     if (g) parts[kGlobal].push_back(std::move(g));
   }
-  double best_score = -1.0;
+  DraftOut cands[kNumSources];
+  int32_t k = 0;
   for (int32_t s = 0; s < kNumSources; ++s) {
     if (!cfg_.sources[s]) continue;
-    DraftOut cand;
+    DraftOut& cand = cands[k];
+    cand = DraftOut();
     bool ok;
     if (s == kSelf) {
       ok = draft_from_self(req, budget, cand);
@@ -625,14 +705,12 @@ void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
       if (parts[s].empty()) continue;
       ok = draft_from_parts(parts[s], req, req.cache[s], budget, cand);
     }
-    if (!ok) continue;
+    if (!ok || cand.tokens.empty()) continue;
     cand.source = s;
-    const double score = score_of(cand);
-    if (score > best_score || (score == best_score && cand.match_len > out.match_len)) {
-      best_score = score;
-      out = std::move(cand);
-    }
+    ++k;
   }
+  if (k == 1) out = std::move(cands[0]);
+  if (k >= 2) merge_drafts(cands, k, budget, out);
 }
 
 std::vector<DraftOut> Drafter::draft_batch(const std::vector<std::string>& req_ids,

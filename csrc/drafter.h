@@ -16,6 +16,7 @@
 namespace histospec {
 
 enum SourceId : int32_t { kHistory = 0, kSiblings = 1, kSelf = 2, kGlobal = 3, kNumSources = 4 };
+constexpr int32_t kMixed = 4;  // DraftOut::source of a union of several sources' drafts
 
 struct Config {
   int32_t min_match = 1;
@@ -31,7 +32,7 @@ struct DraftOut {
   std::vector<int32_t> parents;  // [k] output index of the parent, -1 for children of the root
   std::vector<double> probs;     // [k] path probability
   int32_t match_len = 0;
-  int32_t source = -1;           // SourceId of the winner, -1 when empty
+  int32_t source = -1;           // SourceId of the only source, kMixed for a union, -1 when empty
 };
 
 // Longest suffix of a request's context that occurs in one index, advanced by appended tokens.

@@ -59,7 +59,7 @@ def test_visit_weights(rewards, age, decay, rw, expected):
 
 
 def test_lru_eviction_of_whole_prompts():
-    d = drafter(capacity_tokens=10)
+    d = drafter(capacity_tokens=10, sources=("history", "siblings", "self"))  # global keeps evicted prompts (§7.2)
     d.add("a", 0, [[1, 2, 3, 4, 5]])
     d.add("b", 0, [[1, 2, 3, 4, 5]])
     d.start("r", "a", [1])  # a is now more recently used than b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_histospec.core import Draft, DrafterConfig, HistoSpecDrafter
+from sglang_histospec.core.reference import merge_drafts
 
 try:
     from sglang_histospec.core.native import NativeIndex  # noqa: F401
@@ -206,15 +207,27 @@ def test_hand_computed(backend, name, cfg, adds, prompt, extend, budget, expecte
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    "budget, expected_source, expected_tokens",
-    [(3, "self", [7, 1, 2]), (1, "history", [9])],  # budget 1: equal score 1.0 and match 2 -> history (priority)
+    "budget, expected",
+    [
+        # history drafts [9] (p 1), self drafts 7 -> 1 -> 2 (p 1 each): union p = (sum) / 2; ties: smaller token
+        (3, ([7, 9, 1], [-1, -1, 0], [0.5, 0.5, 0.5])),
+        (1, ([7], [-1], [0.5])),
+    ],
 )
-def test_merge_by_score(backend, budget, expected_source, expected_tokens):
+def test_merge_union(backend, budget, expected):
     d = HistoSpecDrafter(DrafterConfig(backend=backend, prompt_tail=0, sources=("history", "self")))
     d.add("p", 0, [[1, 2, 9]])
     d.start("r", "p", [1, 2, 7, 1, 2])
     draft = d.draft("r", budget)
-    assert (draft.source, draft.token_ids, draft.match_len) == (expected_source, expected_tokens, 2)
+    assert (draft.token_ids, draft.parents, draft.probs) == expected
+    assert (draft.source, draft.match_len) == ("mixed", 2)
+
+
+def test_merge_union_sums_shared_paths():
+    # 5 -> 6 in both drafts: (1.0 + 0.5) / 2; 7 only in the second: 0.5 / 2
+    cands = [([5, 6], [-1, 0], [1.0, 1.0], 3, "history"), ([5, 7, 6], [-1, -1, 0], [0.5, 0.5, 0.5], 1, "self")]
+    assert merge_drafts(cands, 8) == ([5, 7, 6], [-1, -1, 0], [0.75, 0.25, 0.75], 3, "mixed")
+    assert merge_drafts(cands, 2) == ([5, 6], [-1, 0], [0.75, 0.75], 3, "mixed")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -227,8 +240,8 @@ def test_siblings_global_and_no_prompt(backend):
     assert (d.draft("b", 4).token_ids, d.draft("b", 4).source) == ([3, 4], "siblings")
     d.abort("b")
     d.end_step()  # siblings -> history visit of step 0, and into the global FIFO
-    d.start("c", "p", [1])
-    assert d.draft("c", 4).source == "history"
+    d.start("c", "p", [1])  # history and global hold the same [1, 3, 4]: one union tree
+    assert (d.draft("c", 4).token_ids, d.draft("c", 4).probs, d.draft("c", 4).source) == ([3, 4], [1.0, 1.0], "mixed")
     d.start("e", "q", [1])  # another prompt: only the global source has [1, 3, 4]
     assert (d.draft("e", 4).token_ids, d.draft("e", 4).source) == ([3, 4], "global")
     d.start("f", None, [1])  # no prompt id: no history/siblings, global still applies

@@ -55,8 +55,10 @@ class DrafterConfig:
     """Extra weight of a visit's best-rewarded response relative to its worst (min-max normalised); 0.0 = off."""
     use_frequency: bool = True
     """True: counts sum the weights of all occurrences; False: the largest single occurrence weight decides."""
-    sources: tuple[str, ...] = ("history", "siblings", "self")
-    """Enabled draft sources, a subset of ("history", "siblings", "self", "global"); merged by score."""
+    sources: tuple[str, ...] = ("history", "siblings", "self", "global")
+    """Enabled draft sources, a subset of ("history", "siblings", "self", "global"); their drafts are merged into
+    one tree with averaged path probabilities (docs/drafting.md section 6). All four measured best on the demo's
+    real traces (docs/benchmarks.md "Drafter quality")."""
     capacity_tokens: int = 50_000_000
     """History capacity in tokens (tails included); least-recently-used prompts are evicted whole beyond it."""
     max_prompts: int = 1_000_000

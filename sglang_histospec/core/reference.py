@@ -148,8 +148,7 @@ class ReferenceIndex:
                 "global": tuple(self._global.values()),
             }
             context = tuple(req.context)
-        best: DraftTuple = empty
-        best_score = 0.0
+        cands: list[DraftTuple] = []
         for name in self.sources:
             if name == "self":
                 cand = self._draft_source(context, None, budget)
@@ -157,16 +156,13 @@ class ReferenceIndex:
                 if not per_source[name]:
                     continue
                 cand = self._draft_source(context, per_source[name], budget)
-            if not cand[0]:
-                continue
-            score = 0.0
-            for p in cand[2]:
-                score += p
-            # strictly better score, or equal score with a longer match; earlier sources win remaining ties
-            if not best[0] or score > best_score or (score == best_score and cand[3] > best[3]):
-                best = (cand[0], cand[1], cand[2], cand[3], name)
-                best_score = score
-        return best
+            if cand[0]:
+                cands.append((cand[0], cand[1], cand[2], cand[3], name))
+        if not cands:
+            return empty
+        if len(cands) == 1:
+            return cands[0]
+        return merge_drafts(cands, budget)
 
     def _draft_source(self, context: tuple[int, ...], corpora, budget: int) -> DraftTuple:
         n = len(context)
@@ -289,6 +285,64 @@ class ReferenceIndex:
             if any(not (0 <= t < 2**31) for t in r.context):
                 return f"request {rid}: token out of range"
         return None
+
+
+def merge_drafts(cands: list[DraftTuple], budget: int) -> DraftTuple:
+    """Union of several sources' drafts (``docs/drafting.md`` section 6): one tree, summed path probabilities.
+
+    Example: ``([5], [-1], [1.0], 2, "history")`` and ``([5, 6], [-1, -1], [0.5, 0.5], 1, "self")`` at budget 2
+    give ``([5, 6], [-1, -1], [0.75, 0.25], 2, "mixed")``.
+    """
+    k = len(cands)
+    # union trie keyed by token path; each node: [token, parent node or ROOT, summed p, depth, children dict]
+    nodes: list[list] = []
+    roots: dict[int, int] = {}
+    for tokens, parents, probs, _, _ in cands:
+        ids: list[int] = []
+        for t, par, pr in zip(tokens, parents, probs):
+            kids = roots if par == ROOT else nodes[ids[par]][4]
+            v = kids.get(t)
+            if v is None:
+                v = len(nodes)
+                nodes.append(
+                    [t, ROOT if par == ROOT else ids[par], 0.0, 0 if par == ROOT else nodes[ids[par]][3] + 1, {}]
+                )
+                kids[t] = v
+            nodes[v][2] += pr
+            ids.append(v)
+    kf = float(k)
+    heap: list[tuple[float, int, int]] = []
+    counter = 0
+
+    def push(kids: dict[int, int]) -> None:
+        nonlocal counter
+        for t in sorted(kids):
+            v = kids[t]
+            heapq.heappush(heap, (-(nodes[v][2] / kf), counter, v))
+            counter += 1
+
+    push(roots)
+    selected: list[int] = []
+    pop_rank: dict[int, int] = {}
+    while heap and len(selected) < budget:
+        _, _, v = heapq.heappop(heap)
+        pop_rank[v] = len(selected)
+        selected.append(v)
+        push(nodes[v][4])
+    out_index: dict[int, int] = {}
+    order: list[int] = []
+    by_depth: dict[int, list[int]] = {}
+    for v in selected:
+        by_depth.setdefault(nodes[v][3], []).append(v)
+    for depth in sorted(by_depth):
+        level = sorted(by_depth[depth], key=lambda v: (out_index.get(nodes[v][1], ROOT), pop_rank[v]))
+        for v in level:
+            out_index[v] = len(order)
+            order.append(v)
+    tokens = [nodes[v][0] for v in order]
+    parents = [out_index[nodes[v][1]] if nodes[v][1] != ROOT else ROOT for v in order]
+    probs = [nodes[v][2] / kf for v in order]
+    return tokens, parents, probs, max(c[3] for c in cands), "mixed"
 
 
 def sequences_to_arrays(seqs) -> list[np.ndarray]:
