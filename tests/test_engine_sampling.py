@@ -8,7 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from sglang_histospec.engine.sampling import process_logits, verify_tree  # noqa: E402
+from sglang_histospec.engine.sampling import (  # noqa: E402
+    VerifyOutcome,
+    process_logits,
+    sample_rows,
+    verify_tree,
+)
+from sglang_histospec.engine.treebatch import TreeBatch  # noqa: E402
 from tests.engine_tools import reference_probs  # noqa: E402
 
 
@@ -62,9 +68,24 @@ TREES = {
 }
 
 
+def _batched_verify(probs, tokens, parents, greedy, rng):
+    """The engine's batched form (one draw per node, then a walk), shaped like ``verify_tree``'s outcome."""
+    q = torch.from_numpy(probs)
+    picked = q.argmax(-1) if greedy else sample_rows(q, torch.from_numpy(rng.random(len(tokens))))
+    [walk] = TreeBatch.build([(tokens, parents)], [tokens[0]]).walk(picked.numpy())
+    return VerifyOutcome(
+        walk.accepted_nodes, walk.tokens, [float(np.log(probs[r, t])) for r, t in zip(walk.rows, walk.tokens)]
+    )
+
+
+VERIFIERS = {"sequential": verify_tree, "batched": _batched_verify}
+
+
+@pytest.mark.parametrize("verifier", sorted(VERIFIERS))
 @pytest.mark.parametrize("name", sorted(TREES))
-def test_verify_tree_is_lossless(name):
-    """The first two emitted tokens follow q(root) and q(child) exactly (chi-square over 20000 walks)."""
+def test_verify_tree_is_lossless(name, verifier):
+    """The first two emitted tokens follow q(root) and q(child) exactly (chi-square over 20000 walks), for the
+    per-request reference and for the engine's batched form."""
     tokens, parents = TREES[name]
     vocab, n_walks = 8, 20000
     rng = np.random.default_rng(1)
@@ -74,7 +95,7 @@ def test_verify_tree_is_lossless(name):
     first = np.zeros(vocab, dtype=np.int64)
     second: dict[int, np.ndarray] = {}
     for _ in range(n_walks):
-        out = verify_tree(probs, tokens, parents, False, walk_rng)
+        out = VERIFIERS[verifier](probs, tokens, parents, False, walk_rng)
         first[out.tokens[0]] += 1
         if len(out.tokens) > 1:
             node = out.accepted_nodes[0]
@@ -107,9 +128,41 @@ def _assert_follows(counts: np.ndarray, p: np.ndarray) -> None:
     assert pval > 1e-4, f"p={pval}: observed {obs}, expected {np.round(exp, 1)}"
 
 
-def test_verify_tree_greedy_takes_the_argmax_path():
+@pytest.mark.parametrize("verifier", sorted(VERIFIERS))
+def test_verify_tree_greedy_takes_the_argmax_path(verifier):
     probs = np.full((5, 6), 0.1)
     probs[0, 2] = probs[2, 4] = probs[3, 1] = 0.5
     # root children 3 (wrong) and 2 (right); under 2: 4 (right); under 4: 5 (wrong); argmax after 4 is 1
-    out = verify_tree(probs, [0, 3, 2, 4, 5], [-1, 0, 0, 2, 3], True, None)
+    out = VERIFIERS[verifier](probs, [0, 3, 2, 4, 5], [-1, 0, 0, 2, 3], True, None)
     assert out.accepted_nodes == [2, 3] and out.tokens == [2, 4, 1]
+
+
+def test_sample_rows_docstring_example():
+    got = sample_rows(torch.tensor([[0.2, 0.0, 0.8]]), torch.tensor([0.5], dtype=torch.float64))
+    assert got.tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    "probs, u, expected",
+    [
+        ([[0.5, 0.5]], [0.0], [0]),
+        ([[0.5, 0.5]], [0.4999], [0]),
+        ([[0.5, 0.5]], [0.5], [1]),
+        ([[0.3, 0.7, 0.0]], [0.999999999], [1]),  # the top of the CDF never lands on a zero-probability token
+        ([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], [0.0, 0.9], [2, 0]),
+    ],
+)
+def test_sample_rows_is_an_inverse_cdf(probs, u, expected):
+    got = sample_rows(torch.tensor(probs), torch.tensor(u, dtype=torch.float64))
+    assert got.tolist() == expected
+
+
+def test_sample_rows_chunks_large_vocabularies(monkeypatch):
+    import sglang_histospec.engine.sampling as sampling
+
+    probs = torch.softmax(torch.randn(7, 4, generator=torch.Generator().manual_seed(0)), -1)
+    u = torch.rand(7, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(sampling, "_CHUNK", 8)  # 2 rows of vocabulary 4 per chunk
+    chunked = sample_rows(probs, u)
+    monkeypatch.setattr(sampling, "_CHUNK", 1 << 22)
+    assert chunked.tolist() == sample_rows(probs, u).tolist()

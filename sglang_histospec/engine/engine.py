@@ -33,7 +33,8 @@ import torch
 
 from sglang_histospec.core import ROOT, Draft
 from sglang_histospec.engine.model import TreeForward, check_architecture
-from sglang_histospec.engine.sampling import process_logits, verify_tree
+from sglang_histospec.engine.sampling import process_logits, sample_rows
+from sglang_histospec.engine.treebatch import TreeBatch
 from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult
 
 
@@ -66,42 +67,6 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def _ancestor_mask(parents: list[int]) -> np.ndarray:
-    """``m[i, j]`` = j is an ancestor of i or j == i (parents[0] = -1, parents[i] < i). Shape ``[n, n]`` bool."""
-    n = len(parents)
-    m = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        if parents[i] >= 0:
-            m[i] = m[parents[i]]
-        m[i, i] = True
-    return m
-
-
-def _depth(parents: list[int]) -> int:
-    depth = [0] * len(parents)
-    for i in range(1, len(parents)):
-        depth[i] = depth[parents[i]] + 1
-    return max(depth)
-
-
-def _greedy_walk(argmax: np.ndarray, off: int, tokens: list[int], parents: list[int]):
-    """Greedy verification: follow the child whose token is the argmax. Returns (accepted nodes, emitted tokens,
-    probability rows of the emitted tokens); ``argmax[off + i]`` is the argmax at node i."""
-    children: dict[int, list[int]] = {}
-    for i in range(1, len(tokens)):
-        children.setdefault(parents[i], []).append(i)
-    accepted, out, rows = [], [], []
-    node = 0
-    while True:
-        x = int(argmax[off + node])
-        out.append(x)
-        rows.append(off + node)
-        node = next((c for c in children.get(node, ()) if tokens[c] == x), None)
-        if node is None:
-            return accepted, out, rows
-        accepted.append(node)
-
-
 def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], list[int]]:
     """Keep at most ``budget`` nodes whose token is in the vocabulary and whose parent was kept.
 
@@ -122,25 +87,6 @@ def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], li
         tokens.append(int(tok))
         parents.append(remap[par])
     return tokens, parents
-
-
-_EAGER_ROWS = 1 << 22
-"""Up to this many probabilities per step are copied to the host at once for the sampling walks; beyond it
-(large vocabularies) only the rows a walk visits are copied."""
-
-
-class _Rows:
-    """Lazy float64 numpy rows of a ``[R, V]`` probability tensor (only the nodes a verify walk visits are copied
-    off the device), offset to one request's block."""
-
-    __slots__ = ("probs", "offset")
-
-    def __init__(self, probs: torch.Tensor, offset: int) -> None:
-        self.probs = probs
-        self.offset = offset
-
-    def __getitem__(self, node: int) -> np.ndarray:
-        return self.probs[self.offset + node].to("cpu", torch.float64).numpy()
 
 
 class Engine:
@@ -475,7 +421,8 @@ class Engine:
                     if len(toks) > 1:
                         toks[0] = running[i].tokens[-1]
                         trees[i] = (toks, pars)
-        counts = np.array([1 if t is None else len(t[0]) for t in trees], dtype=np.int64)
+        tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
+        counts = tb.counts
         kv = np.array([st.kv_len for st in running], dtype=np.int64)
         # Query layout of row b: pre[b] not yet cached tokens (a newly admitted request's prompt minus its last
         # token: its prefill, merged into this pass), then the root, then the draft nodes. base = where the root goes.
@@ -486,10 +433,8 @@ class Engine:
         self._cache.ensure(bsz, t_keys)
         rows = np.arange(bsz)
         ids = np.zeros((bsz, n), dtype=np.int64)
-        ids[rows, pre] = [st.tokens[-1] for st in running]
         pos = np.repeat(base[:, None], n, axis=1)
         write = np.full((bsz, n), -1, dtype=np.int64)
-        write[rows, pre] = base
         mask = np.broadcast_to(np.arange(t_keys)[None, None, :] < base[:, None, None], (bsz, n, t_keys)).copy()
         mask[rows, :, base] = True  # every row sees the root (padding rows see the past and the root only)
         for b in np.flatnonzero(pre):
@@ -498,18 +443,17 @@ class Engine:
             pos[b, :m] = np.arange(k, k + m)
             write[b, :m] = pos[b, :m]
             mask[b, :m, k : k + m + 1] = np.tril(np.ones((m, m + 1), dtype=bool))  # causal; not the root
-        for b, tree in enumerate(trees):
-            if tree is None:
-                continue
-            toks, pars = tree
-            m, p, q = len(toks), int(base[b]), int(pre[b])
-            depth = np.zeros(m, dtype=np.int64)
-            for j in range(1, m):
-                depth[j] = depth[pars[j]] + 1
-            ids[b, q : q + m] = toks
-            pos[b, q : q + m] = p + depth
-            write[b, q : q + m] = np.arange(p, p + m)
-            mask[b, q : q + m, p : p + m] = _ancestor_mask(pars)
+        # tree rows (roots and draft nodes of every request at once): node i of request b sits at query column
+        # pre[b] + i, is written to cache index base[b] + i, has rotary position base[b] + depth(i) and sees its
+        # ancestors (and itself) among the tree keys
+        owner, local = tb.owner, tb.local
+        qcol, at = pre[owner] + local, base[owner]
+        ids[owner, qcol] = tb.tokens
+        pos[owner, qcol] = at + tb.depth
+        write[owner, qcol] = at + local
+        if tb.num_rows > bsz:
+            r, k = tb.pairs
+            mask[owner[r], qcol[r], at[r] + local[k]] = True
         hidden = self._forward(ids, pos, write, mask, slot_start=0)
         dev = self.device
         if n > 1:  # [R, H]: the root and draft rows, in (request, node) order
@@ -533,45 +477,32 @@ class Engine:
             per_row([s.top_k for s in sp], torch.int64),
             per_row([float(s.top_p) for s in sp], torch.float32),
         )
-        offsets = np.concatenate([[0], np.cumsum(counts)])
-        argmax = probs.argmax(dim=-1).cpu().numpy() if greedy.any() else None
-        # the root alone at temperature > 0: one inverse-CDF draw per request, batched (the same rule as
-        # verify_tree's final draw)
-        leaf = [b for b in range(bsz) if trees[b] is None and not greedy[b]]
-        leaf_tok: dict[int, int] = {}
-        if leaf:
-            u = torch.tensor([running[b].rng.random() for b in leaf], dtype=torch.float64, device=dev)
-            sel = probs[torch.from_numpy(offsets[leaf]).to(dev)].double()
-            cdf = torch.cumsum(sel, dim=-1)
-            picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=sel.shape[-1] - 1)
-            bad = sel.gather(-1, picked) <= 0  # only through rounding at the very top of the CDF
-            picked = torch.where(bad, sel.argmax(-1, keepdim=True), picked)
-            leaf_tok = dict(zip(leaf, picked[:, 0].tolist()))
-        outcomes: list[tuple[list[int], list[int], list[int]]] = []  # (accepted nodes, tokens, prob rows)
-        rows_np = None  # the probabilities as float64 numpy, converted once when a sampling walk needs them
-        for b, st in enumerate(running):
-            off = int(offsets[b])
-            tree = trees[b]
-            if tree is None:
-                tok = int(argmax[off]) if greedy[b] else leaf_tok[b]
-                outcomes.append(([], [tok], [off]))
-            elif greedy[b]:
-                outcomes.append(_greedy_walk(argmax, off, *tree))
-            else:
-                if rows_np is None:
-                    rows_np = probs.to("cpu", torch.float64).numpy() if probs.numel() <= _EAGER_ROWS else probs
-                block = rows_np[off : off + len(tree[0])] if isinstance(rows_np, np.ndarray) else _Rows(probs, off)
-                res = verify_tree(block, tree[0], tree[1], False, st.rng)
-                outcomes.append((res.accepted_nodes, res.tokens, [off, *(off + a for a in res.accepted_nodes)]))
+        offsets = tb.offsets
+        # one draw from q at every node (the argmax for greedy requests), then a walk per tree: the one-uniform
+        # form of the multi-draft rule (see sampling.py); uniforms come from each request's own seeded generator
+        picked = probs.argmax(dim=-1) if greedy.any() else None
+        sampled = np.flatnonzero(~greedy)
+        if len(sampled) == bsz:  # all requests sample: every row, in order
+            u = np.concatenate([st.rng.random(int(c)) for st, c in zip(running, counts)])
+            picked = sample_rows(probs, torch.from_numpy(u).to(dev))
+        elif len(sampled):
+            row_idx = torch.from_numpy(np.concatenate([np.arange(offsets[b], offsets[b + 1]) for b in sampled]))
+            u = np.concatenate([running[b].rng.random(int(counts[b])) for b in sampled])
+            row_idx = row_idx.to(dev)
+            picked[row_idx] = sample_rows(probs[row_idx], torch.from_numpy(u).to(dev))
+        picked_np = picked.cpu().numpy()
+        outcomes = tb.walk(picked_np)
+        depths = np.maximum.reduceat(tb.depth, offsets[:-1]) if self._speculate else None
         logprobs = None
         if any(st.req.return_logprob for st in running):
-            flat_rows = [r for o in outcomes for r in o[2]]
-            flat_toks = [t for o in outcomes for t in o[1]]
+            flat_rows = [r for o in outcomes for r in o.rows]
+            flat_toks = [t for o in outcomes for t in o.tokens]
             picked = probs[torch.tensor(flat_rows, device=dev), torch.tensor(flat_toks, device=dev)]
             logprobs = torch.log(picked.double()).cpu().tolist()
         lp_at = 0
         mv_slot, mv_src, mv_dst = [], [], []
-        for b, (st, (accepted_nodes, tokens, _)) in enumerate(zip(running, outcomes)):
+        for b, (st, walk) in enumerate(zip(running, outcomes)):
+            accepted_nodes, tokens = walk.accepted_nodes, walk.tokens
             drafted = int(counts[b]) - 1
             st.verify_ct += 1
             st.draft_ct += drafted
@@ -599,7 +530,7 @@ class Engine:
             self._stats["generated_tokens"] += emitted
             self._stats["step_tokens"] += emitted
             if self._speculate:  # the budget controller counts chain depth: the tree's depth, the accepted length
-                self.budgets.update(st.req.rid, _depth(trees[b][1]) if trees[b] else 0, accepted)
+                self.budgets.update(st.req.rid, int(depths[b]), accepted)
             if st.finish is None:
                 # compact the accepted path: node i_k's K/V (written at base + i_k) moves to base + k
                 root_at = int(base[b])

@@ -146,6 +146,8 @@ class TreeForward:
     ) -> torch.Tensor:  # [B, N, hidden] after the final norm
         bsz, n = input_ids.shape
         t = mask.shape[-1]
+        if mask.dtype == torch.bool:  # additive form once per pass, not once per layer inside the attention
+            mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
         hidden = self.decoder.embed_tokens(input_ids)
         cos, sin = self.decoder.rotary_emb(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, N, D]

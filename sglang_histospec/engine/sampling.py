@@ -10,6 +10,14 @@ are rejected (or there are none) the final token is sampled from r / sum(r). Eve
 proposal, so the emitted token at each node is distributed exactly as q: P(first child x1) = q(x1),
 P(second child x2) = (1 - q(x1)) * q(x2) / (1 - q(x1)) = q(x2), and so on. Greedy: the child whose token is the
 argmax is accepted, else the argmax is emitted.
+
+The engine verifies a whole batch at once with the same rule in its one-uniform form (``sample_rows`` +
+``TreeBatch.walk`` of ``treebatch.py``): it draws one token from q at every node of every tree in one batched inverse-CDF pass (the
+argmax for greedy rows), then walks each tree from the root, moving to the child that carries the drawn token
+and stopping at the first node whose drawn token has no such child (that token is the final one). The emitted
+token at each visited node is a draw from q, and child x is taken exactly when the draw is x, with probability
+q(x), as in the sequential rule (duplicate siblings are never taken twice there either), so both produce the same
+output distribution; ``verify_tree`` stays as the per-request reference the tests compare against.
 """
 
 from __future__ import annotations
@@ -131,3 +139,29 @@ def verify_tree(
         out_logprobs.append(float(np.log(q[x])))
         break
     return VerifyOutcome(accepted, out_tokens, out_logprobs)
+
+
+_CHUNK = 1 << 22
+"""Rows are processed in chunks of at most this many probabilities (float64 copies stay small for big vocabs)."""
+
+
+def sample_rows(
+    probs: torch.Tensor,  # [R, V] processed probabilities (rows sum to 1)
+    u: torch.Tensor,  # [R] float64 uniforms in [0, 1)
+) -> torch.Tensor:  # [R] int64 sampled token per row
+    """Inverse-CDF draw per row in float64 (never a token of probability 0).
+
+    Example: ``sample_rows(torch.tensor([[0.2, 0.0, 0.8]]), torch.tensor([0.5], dtype=torch.float64))`` is
+    ``tensor([2])``.
+    """
+    rows, vocab = probs.shape
+    out = torch.empty(rows, dtype=torch.int64, device=probs.device)
+    step = max(1, _CHUNK // max(1, vocab))
+    for lo in range(0, rows, step):
+        sel = probs[lo : lo + step].double()
+        cdf = torch.cumsum(sel, dim=-1)
+        target = (u[lo : lo + step].to(cdf.device) * cdf[:, -1])[:, None]
+        picked = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
+        bad = sel.gather(-1, picked) <= 0  # only through rounding at the very top of the CDF
+        out[lo : lo + step] = torch.where(bad, sel.argmax(-1, keepdim=True), picked)[:, 0]
+    return out

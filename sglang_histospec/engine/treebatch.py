@@ -1,0 +1,131 @@
+"""One verify step's draft trees, flattened: the forward inputs of every tree node and the batched verify walk.
+
+Each running request contributes one tree: its root (the last committed token) plus its draft nodes, or the root
+alone. ``TreeBatch`` numbers all nodes of all trees in one row space (request 0's root, its nodes, request 1's
+root, ...; the order of the verify pass's logits), and does the per-node work with numpy over all rows at once
+instead of a Python loop per request: depths (rotary positions), ancestor masks (who may attend to whom), and,
+after the forward, the walk that follows each tree's accepted children (``walk``).
+
+Example::
+
+    tb = TreeBatch.build([([5, 7, 8, 3], [-1, 0, 0, 1]), None], root_tokens=[5, 9])
+    tb.offsets              # [0, 4, 5]: request 0 owns rows 0-3, request 1 row 4
+    tb.depth                # [0, 1, 1, 2, 0]
+    tb.pairs                # (row, key) pairs: key is the row or an ancestor (the tree attention mask)
+    tb.walk(np.array([7, 3, 1, 6, 4]))   # drawn token at every row
+    # request 0: root drew 7 -> node 1, node 1 drew 3 -> node 3, node 3 drew 6 (no child): emits [7, 3, 6]
+    # request 1: the root alone emits [4]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class WalkResult:
+    """The verify walk of one request (``TreeBatch.walk``)."""
+
+    accepted_nodes: list[int]
+    """Accepted draft nodes (indices into the request's tree, root = 0), in path order."""
+    tokens: list[int]
+    """Emitted tokens: the accepted draft tokens, then the final token drawn at the last visited node."""
+    rows: list[int]
+    """Global rows of the visited nodes (the distribution each emitted token was drawn from)."""
+
+
+@dataclass(slots=True)
+class TreeBatch:
+    counts: np.ndarray  # [B] int64 nodes per request, root included
+    offsets: np.ndarray  # [B + 1] int64 first row of each request; offsets[-1] = R
+    tokens: np.ndarray  # [R] int64 token of every row (roots included)
+    parent: np.ndarray  # [R] int64 global row of the parent; -1 for roots
+    depth: np.ndarray  # [R] int64 depth below the request's root (root = 0)
+    local: np.ndarray  # [R] int64 node index within its tree (root = 0)
+    owner: np.ndarray  # [R] int64 request of every row
+    pairs: tuple[np.ndarray, np.ndarray]  # ([P], [P]) int64 (row, key row): the key is the row or an ancestor
+
+    @classmethod
+    def build(cls, trees: list[tuple[list[int], list[int]] | None], root_tokens: list[int]) -> TreeBatch:
+        """Flatten per-request trees ``(tokens, parents)`` (node 0 = root, ``parents[0] = -1``, parents before
+        children) or None (the root alone); ``root_tokens[b]`` replaces each tree's root token."""
+        if len(trees) != len(root_tokens):
+            raise ValueError(f"{len(trees)} trees but {len(root_tokens)} root tokens: pass one of each per request")
+        counts = np.fromiter((1 if t is None else len(t[0]) for t in trees), dtype=np.int64, count=len(trees))
+        offsets = np.zeros(len(trees) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        rows = int(offsets[-1])
+        owner = np.repeat(np.arange(len(trees), dtype=np.int64), counts)
+        local = np.arange(rows, dtype=np.int64) - offsets[owner]
+        if rows == len(trees):  # no request has a draft
+            roots = np.asarray(root_tokens, dtype=np.int64)
+            minus = np.full(rows, -1, dtype=np.int64)
+            ident = np.arange(rows, dtype=np.int64)
+            return cls(counts, offsets, roots, minus, np.zeros(rows, dtype=np.int64), local, owner, (ident, ident))
+        toks: list[int] = []
+        pars: list[int] = []
+        for t, root in zip(trees, root_tokens):
+            if t is None:
+                toks.append(root)
+                pars.append(-1)
+            else:
+                toks.append(root)
+                toks.extend(t[0][1:])
+                pars.extend(t[1])
+        tokens = np.asarray(toks, dtype=np.int64)
+        parent = np.asarray(pars, dtype=np.int64)
+        has = parent >= 0
+        parent[has] += offsets[owner[has]]
+        pair_rows, pair_keys = _ancestor_pairs(parent)
+        depth = np.bincount(pair_rows, minlength=rows) - 1  # proper ancestors of each row
+        return cls(counts, offsets, tokens, parent, depth, local, owner, (pair_rows, pair_keys))
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.offsets[-1])
+
+    def walk(self, picked: np.ndarray) -> list[WalkResult]:
+        """Follow, in every tree at once, the child whose token equals the token drawn at the current node.
+
+        ``picked`` [R] int64 is the token drawn (or the argmax) at every row. A node with several children of the
+        same token only ever moves to the first of them (as the sequential rule, which zeroes a rejected token).
+        """
+        drawn = picked.tolist()
+        has = np.flatnonzero(self.parent >= 0)
+        table: dict[int, int] = {}
+        width = 0
+        if len(has):
+            width = int(max(self.tokens.max(), picked.max())) + 1
+            keys = (self.parent[has] * width + self.tokens[has]).tolist()
+            table = dict(zip(keys[::-1], has[::-1].tolist()))  # (parent, token) -> child; the first one wins
+        out = []
+        for off in self.offsets[:-1].tolist():
+            row, path, tokens = off, [off], []
+            while True:
+                x = drawn[row]
+                tokens.append(x)
+                row = table.get(row * width + x, -1)
+                if row < 0:
+                    break
+                path.append(row)
+            out.append(WalkResult([r - off for r in path[1:]], tokens, path))
+        return out
+
+
+def _ancestor_pairs(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (row, key row) pair where the key row is the row itself or one of its ancestors (``parent`` [R] int64,
+    -1 for roots). Example: a chain root -> a -> b gives (0, 0), (1, 1), (2, 2), (1, 0), (2, 1), (2, 0)."""
+    rows = [np.arange(len(parent), dtype=np.int64)]
+    keys = [rows[0]]
+    cur_rows, cur_keys = rows[0], parent
+    while True:  # climb one level per round from every row at once
+        keep = cur_keys >= 0
+        cur_rows, cur_keys = cur_rows[keep], cur_keys[keep]
+        if not len(cur_rows):
+            break
+        rows.append(cur_rows)
+        keys.append(cur_keys)
+        cur_keys = parent[cur_keys]
+    return np.concatenate(rows), np.concatenate(keys)
