@@ -24,3 +24,19 @@ def test_bench_engine_json_contract(tmp_path, capsys):
         assert key in out, key
     assert out["batch"] == 4 and out["epochs_measured"] == 1 and out["tau"] >= 1.0
     assert out["tokens_per_s_histospec"] > 0 and out["tokens_per_s_plain"] > 0 and out["tokens_per_s_hf_generate"] > 0
+    assert out["step_cost_ratio"] > 0 and out["requests_per_epoch"] == 6
+    assert out["mean_token_entropy"] > 0  # a random tiny model samples at high entropy
+    row = out["per_epoch"][1]
+    assert row["forwards_histospec"] > 0 and row["forwards_plain"] > 0
+
+
+def test_bench_engine_demo_model_choices():
+    from sglang_histospec.commands import bench_engine
+    from sglang_histospec.demo import DEMO_MODELS, DemoModelConfig
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["bench", "engine", "--demo-model", "grpo"])
+    assert args.demo_model == "grpo" and DEMO_MODELS["grpo"] == DemoModelConfig()
+    assert parser.parse_args(["bench", "engine"]).demo_model == "converged"
+    assert DEMO_MODELS["converged"].target_reward > DemoModelConfig().target_reward
+    assert bench_engine.COMMAND == ("bench", "engine")

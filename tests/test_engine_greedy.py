@@ -149,3 +149,81 @@ def test_histospec_equals_plain_with_history_drafter(model_dirs, arch):
         taus.append(sum(r.completion_tokens for r in res) / sum(r.spec_verify_ct for r in res))
     assert taus[1] > 2.0 and taus[2] > 2.0, taus
     assert engine.drafter.stats()["prompts"] == len(ps)
+
+
+def _run_with_cut(model_dirs, ps, selection, row_cost):
+    from sglang_histospec.core.stepcost import StepCostModel
+
+    refs = {f"p{i}": r.output_ids for i, r in enumerate(plain_outputs(model_dirs["llama"], ps))}
+    drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=2, wrong_first=False)
+    cfg = EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection=selection)
+    engine = Engine(cfg, drafter=drafter, budgets=FixedBudgets(8))
+    model = StepCostModel()
+    for extra in (0, 10) * 16:  # a ready model: 1 ms per step, row_cost seconds per extra row
+        model.observe(4, 4 + extra, 0.001 + row_cost * extra)
+    model.observe = lambda *a, **k: None  # keep the primed costs for the whole run
+    engine.step_cost = model
+    return engine.generate(requests(ps)), engine.stats()
+
+
+@pytest.mark.parametrize("row_cost, fewer", [(1.0, True), (0.0, False)])
+def test_cost_cut_keeps_outputs_and_sizes_trees(model_dirs, row_cost, fewer):
+    """The cost-aware cut: rows priced far above a step's tokens cut drafts (all but those riding on a step that
+    already prefills), free rows keep them all; outputs equal plain decoding either way."""
+    ps = prompts(8, seed=5)
+    plain = [r.output_ids for r in plain_outputs(model_dirs["llama"], ps)]
+    cut, cut_stats = _run_with_cut(model_dirs, ps, "cost", row_cost)
+    every, every_stats = _run_with_cut(model_dirs, ps, "all", row_cost)
+    assert [r.output_ids for r in cut] == plain and [r.output_ids for r in every] == plain
+    assert cut_stats["step_cost"]["ready"] and every_stats["draft_tokens"] > 0
+    if fewer:
+        assert cut_stats["draft_tokens"] < every_stats["draft_tokens"] / 2
+        assert cut_stats["verify_steps"] > every_stats["verify_steps"]
+    else:
+        assert cut_stats["draft_tokens"] == every_stats["draft_tokens"]
+
+
+def test_default_budget_follows_draft_selection(model_dirs):
+    cut = Engine(EngineConfig(model_path=model_dirs["llama"], device="cpu", num_draft_tokens=12))
+    assert cut.budgets.cfg.policy == "fixed" and cut.budgets.cfg.fixed == 12 and cut.budgets.cfg.cost_limit is None
+    keep_all = Engine(EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection="all"))
+    assert keep_all.budgets.cfg.policy == "paper"
+    with pytest.raises(ValueError, match="draft_selection"):
+        EngineConfig(model_path=model_dirs["llama"], draft_selection="some")
+
+
+def _sampled_requests(ps, tag=""):
+    return [
+        GenerateRequest(
+            rid=f"{tag}s{i}",
+            input_ids=p,
+            prompt_id=f"p{i}",
+            sampling=SamplingParams(temperature=1.0, top_p=0.9, top_k=20, max_new_tokens=24, seed=1000 + i),
+        )
+        for i, p in enumerate(ps)
+    ]
+
+
+@pytest.mark.parametrize("kind, branch, wrong_first", [("right", 2, False), ("wrong", 3, True), ("history", 0, False)])
+def test_seeded_sampling_emits_the_same_tokens_with_and_without_drafts(model_dirs, kind, branch, wrong_first):
+    """At T = 1 a seeded request draws output token j with its j-th uniform whatever the drafts, so HistoSpec
+    emits exactly the tokens of plain decoding (a stronger check than equal distributions)."""
+    ps = prompts(10, seed=6)
+    cfg = dict(model_path=model_dirs["qwen2"], device="cpu", max_running_requests=4)
+    plain = Engine(EngineConfig(speculative_algorithm="NONE", **cfg)).generate(_sampled_requests(ps))
+    if kind == "history":  # the real drafter, fed the plain run's responses as the previous epoch
+        engine = Engine(EngineConfig(**cfg))
+        for i, (p, r) in enumerate(zip(ps, plain)):
+            engine.drafter.add(f"p{i}", 0, [r.output_ids], prompt_tokens=p)
+    else:
+        refs = {f"p{i}": r.output_ids for i, r in enumerate(plain)}
+        if kind == "wrong":
+            refs = {k: v[:2] + [(t + 1) % VOCAB for t in v[2:]] for k, v in refs.items()}
+        drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=branch, wrong_first=wrong_first)
+        engine = Engine(EngineConfig(**cfg), drafter=drafter, budgets=FixedBudgets(6))
+    spec = engine.generate(_sampled_requests(ps))
+    assert [r.output_ids for r in spec] == [r.output_ids for r in plain]
+    stats = engine.stats()
+    assert stats["draft_tokens"] > 0
+    if kind != "wrong":
+        assert stats["tau"] > 1.5

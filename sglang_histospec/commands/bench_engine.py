@@ -14,7 +14,8 @@ Defaults: the 64 prompts of the demo task, 8 samples each (a GRPO group), batch 
 
 Example::
 
-    histospec bench engine --json             # the demo model (trained and cached on first use)
+    histospec bench engine --json             # the converged demo model (trained and cached on first use)
+    histospec bench engine --demo-model grpo --json   # the GRPO demo's high-entropy starting policy
     histospec bench engine --model DIR --epochs 4 --batch 16 --json
 """
 
@@ -32,7 +33,14 @@ HELP = "Tokens/s of the embedded engine with HistoSpec, without, and of transfor
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model directory; default: the demo model (built on first use)")
-    parser.add_argument("--quick-model", action="store_true", help="use the quick demo model (smaller, less trained)")
+    parser.add_argument(
+        "--demo-model",
+        default="converged",
+        choices=["converged", "grpo", "quick"],
+        help="demo model when no --model is given: converged (pretrained until the reward plateaus; default), grpo "
+        "(the GRPO demo's starting policy: reward 0.35, high entropy) or quick (less trained still)",
+    )
+    parser.add_argument("--quick-model", action="store_true", help="same as --demo-model quick")
     parser.add_argument("--epochs", type=int, default=4, help="epochs; the first only fills the history")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts in the repeated set (demo task: all 64)")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt and epoch (a GRPO group)")
@@ -40,7 +48,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="draft node cap per request and step")
-    parser.add_argument("--budget-policy", default="paper", choices=["paper", "released", "fixed"])
+    parser.add_argument(
+        "--budget-policy",
+        default=None,
+        choices=["paper", "released", "fixed"],
+        help="per-request budget policy (default: the engine's: fixed --num-draft-tokens with the cost-aware cut)",
+    )
+    parser.add_argument(
+        "--draft-selection",
+        default="cost",
+        choices=["cost", "all"],
+        help="cost: the engine keeps the draft nodes that pay for their verify rows (measured online); all: keep all",
+    )
     parser.add_argument("--budget-fixed", type=int, default=8, help="budget of the fixed policy")
     parser.add_argument(
         "--cost-limit",
@@ -196,17 +215,20 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model_label = args.model
     if args.model is None:
-        from sglang_histospec.demo import build_or_load_demo_model
+        from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
 
-        args.model = str(build_or_load_demo_model(quick=args.quick_model, progress=not args.json))
-        model_label = f"demo model ({'quick' if args.quick_model else 'default'} config): {args.model}"
+        name = "quick" if args.quick_model else args.demo_model
+        args.model = str(build_or_load_demo_model(config=DEMO_MODELS[name], progress=not args.json))
+        model_label = f"demo model ({name} config): {args.model}"
 
     from sglang_histospec.core import BudgetConfig
 
-    budget_kw = {"policy": args.budget_policy, "fixed": args.budget_fixed}
-    if args.cost_limit is not None:
-        budget_kw["cost_limit"] = args.cost_limit or None
-    budget = BudgetConfig(**budget_kw)
+    budget = None  # the engine's default
+    if args.budget_policy is not None or args.cost_limit is not None:
+        budget_kw = {"policy": args.budget_policy or "paper", "fixed": args.budget_fixed}
+        if args.cost_limit is not None:
+            budget_kw["cost_limit"] = args.cost_limit or None
+        budget = BudgetConfig(**budget_kw)
 
     def make(alg: str) -> Engine:
         return Engine(
@@ -218,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
                 num_draft_tokens=args.num_draft_tokens,
                 seed=args.seed,
                 budget=budget,
+                draft_selection=args.draft_selection,
             )
         )
 
@@ -295,7 +318,13 @@ def run(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "num_draft_tokens": args.num_draft_tokens,
-        "budget": {"policy": budget.policy, "fixed": budget.fixed, "cost_limit": budget.cost_limit},
+        "budget": {
+            "policy": spec.budgets.cfg.policy,
+            "fixed": spec.budgets.cfg.fixed,
+            "cost_limit": spec.budgets.cfg.cost_limit,
+        },
+        "draft_selection": args.draft_selection,
+        "step_cost": spec.stats()["step_cost"],
         "model": model_label,
         "workload": workload,
         "device": str(spec.device),

@@ -38,7 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="max draft nodes per request and step")
     parser.add_argument("--history-window", type=int, default=1, help="past steps kept per prompt (1 = last epoch)")
     parser.add_argument("--draft-mode", choices=("tree", "chain"), default="tree", help="token tree or one path")
-    parser.add_argument("--budget-policy", choices=("paper", "released", "fixed"), default="paper")
+    parser.add_argument(
+        "--budget-policy",
+        choices=("paper", "released", "fixed"),
+        default=None,
+        help="per-request draft budgets (default: a fixed --num-draft-tokens, sized per step by --draft-selection "
+        "cost; with --draft-selection all: paper)",
+    )
+    parser.add_argument(
+        "--draft-selection",
+        choices=("cost", "all"),
+        default="cost",
+        help="cost: keep the draft nodes whose expected accepted tokens pay for their verify rows (step time "
+        "measured online); all: keep every drafted node",
+    )
     parser.add_argument("--history-dir", default=None, help="snapshot history here; restored at start")
     parser.add_argument("--snapshot-debounce-s", type=float, default=2.0)
     parser.add_argument(
@@ -100,7 +113,8 @@ def _run_torch(args: argparse.Namespace) -> int:
             num_draft_tokens=args.num_draft_tokens,
             seed=args.seed,
             drafter=DrafterConfig(window=args.history_window, tree=args.draft_mode == "tree"),
-            budget=BudgetConfig(policy=args.budget_policy),
+            budget=BudgetConfig(policy=args.budget_policy) if args.budget_policy else None,
+            draft_selection=args.draft_selection,
         )
         backend = TorchBackend(
             TorchBackendConfig(

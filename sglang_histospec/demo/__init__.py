@@ -11,6 +11,8 @@ Example::
 """
 
 from sglang_histospec.demo.model import (
+    CONVERGED_CONFIG,
+    DEMO_MODELS,
     QUICK_CONFIG,
     DemoModelConfig,
     PretrainResult,
@@ -22,6 +24,8 @@ from sglang_histospec.demo.task import ArithTask, TaskConfig, TaskPrompt
 from sglang_histospec.demo.tokenizer import build_tokenizer
 
 __all__ = [
+    "CONVERGED_CONFIG",
+    "DEMO_MODELS",
     "QUICK_CONFIG",
     "ArithTask",
     "DemoModelConfig",

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from sglang_histospec.core import ROOT, Draft
+from sglang_histospec.core.stepcost import StepCostModel, best_cut
 from sglang_histospec.engine.model import TreeForward, check_architecture
 from sglang_histospec.engine.sampling import process_logits, sample_rows
 from sglang_histospec.engine.treebatch import TreeBatch
@@ -47,10 +48,24 @@ class _Req:
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     kv_len: int = 0  # tokens[:kv_len] have their K/V in the cache slot
+    uniforms: np.ndarray = field(default_factory=lambda: np.empty(0))  # u[j] draws output token j (see _uniforms)
     verify_ct: int = 0
     draft_ct: int = 0
     accept_ct: int = 0
     finish: dict | None = None
+
+
+def _uniforms(st: _Req, offsets: np.ndarray) -> np.ndarray:
+    """The uniforms of output positions ``len(st.output) + offsets`` (``offsets`` [n] int64, a tree's node depths).
+
+    Output token j is always drawn with the request's j-th uniform, whatever the drafts: every node at depth d of
+    a step's tree uses the uniform of position ``len(output) + d`` (only one node per depth is ever on the walked
+    path), so a seeded request emits the same tokens with and without speculation.
+    """
+    need = len(st.output) + int(offsets.max()) + 1
+    if len(st.uniforms) < need:
+        st.uniforms = np.concatenate([st.uniforms, st.rng.random(max(64, need - len(st.uniforms)))])
+    return st.uniforms[len(st.output) + offsets]
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -67,26 +82,30 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def _sanitize(draft: Draft, budget: int, vocab_size: int) -> tuple[list[int], list[int]]:
-    """Keep at most ``budget`` nodes whose token is in the vocabulary and whose parent was kept.
+def _sanitize(
+    draft: Draft, budget: int, vocab_size: int, min_prob: float = 0.0
+) -> tuple[list[int], list[int], list[float]]:
+    """Keep at most ``budget`` nodes whose token is in the vocabulary, whose path probability is at least
+    ``min_prob`` and whose parent was kept.
 
-    Returns (tokens, parents) of the packed tree: node 0 = root (token filled in by the caller), draft node i ->
-    node i + 1, parent ROOT -> 0.
+    Returns (tokens, parents, probs) of the packed tree: node 0 = root (token filled in by the caller), draft node
+    i -> node i + 1, parent ROOT -> 0; ``probs`` has one path probability per kept draft node.
     """
-    ids = draft.token_ids
-    if len(ids) <= budget and min(ids) >= 0 and max(ids) < vocab_size:  # the common case: keep everything
-        return [0, *ids], [-1, *(0 if p == ROOT else p + 1 for p in draft.parents)]
-    tokens, parents = [0], [-1]
+    ids, probs = draft.token_ids, draft.probs
+    if len(ids) <= budget and min(ids) >= 0 and max(ids) < vocab_size and min(probs) >= min_prob:  # keep all
+        return [0, *ids], [-1, *(0 if p == ROOT else p + 1 for p in draft.parents)], list(probs)
+    tokens, parents, kept = [0], [-1], []
     remap: dict[int, int] = {ROOT: 0}
-    for i, (tok, par) in enumerate(zip(draft.token_ids, draft.parents)):
+    for i, (tok, par, prob) in enumerate(zip(ids, draft.parents, probs)):
         if len(tokens) > budget:
             break
-        if par not in remap or not 0 <= tok < vocab_size:
+        if par not in remap or not 0 <= tok < vocab_size or prob < min_prob:
             continue
         remap[i] = len(tokens)
         tokens.append(int(tok))
         parents.append(remap[par])
-    return tokens, parents
+        kept.append(prob)
+    return tokens, parents, kept
 
 
 class Engine:
@@ -129,10 +148,16 @@ class Engine:
             from sglang_histospec.core import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
 
             drafter = drafter if drafter is not None else HistoSpecDrafter(config.drafter or DrafterConfig())
-            budgets = budgets if budgets is not None else BudgetController(config.budget or BudgetConfig())
+            if budgets is None:
+                budget = config.budget
+                if budget is None and config.draft_selection == "cost":  # the cut sizes the trees
+                    budget = BudgetConfig(policy="fixed", fixed=config.num_draft_tokens, cost_limit=None)
+                budgets = BudgetController(budget or BudgetConfig())
         self.drafter = drafter
         self.budgets = budgets
         self._speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
+        self.step_cost = StepCostModel()
+        self._cut = self._speculate and config.draft_selection == "cost"
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
@@ -274,8 +299,9 @@ class Engine:
     def stats(self) -> dict:
         """Counters: requests_total, requests_finished, requests_aborted, requests_running, requests_waiting,
         prompt_tokens, generated_tokens, verify_steps (request-steps), forward_passes, draft_tokens,
-        accepted_tokens, tau (generated tokens per request-step), accept_rate, drafter stats under "drafter",
-        speculative_algorithm, weight_version, model_path, device."""
+        accepted_tokens, tau (generated tokens per request-step), accept_rate, drafter stats under "drafter", the
+        cost-aware cut's model under "step_cost" (ready, row_cost_s, kappa), speculative_algorithm,
+        weight_version, model_path, device."""
         s = self._stats
         steps = s["verify_steps"]
         out = {
@@ -303,6 +329,11 @@ class Engine:
             model_path=self.model_path,
             device=str(self.device),
             drafter=self.drafter.stats() if hasattr(self.drafter, "stats") else {},
+            step_cost={
+                "ready": self.step_cost.ready,
+                "row_cost_s": self.step_cost.row_cost(),
+                "kappa": self.step_cost.kappa,
+            },
         )
         return out
 
@@ -407,20 +438,40 @@ class Engine:
             out.append(max(0, min(int(b), self.config.num_draft_tokens, left, room)))
         return out
 
+    def _threshold(self, draft_probs: list[list[float]], bsz: int) -> float:
+        """Smallest path probability a draft node needs this step (the cost-aware cut over the path probabilities
+        of every request's draft nodes within its budget; 0.0 keeps everything)."""
+        probs = np.fromiter((p for ps in draft_probs for p in ps), dtype=np.float64)
+        if not len(probs):
+            return 0.0
+        probs[::-1].sort()
+        model = self.step_cost
+        row = model.row_cost()
+        prefill = sum(len(st.tokens) - 1 - st.kv_len for st in self._running)  # merged prefill tokens
+        k = best_cut(probs, float(bsz), model.base_cost(bsz) + row * prefill, row, model.kappa)
+        if k >= len(probs):
+            return 0.0
+        return float(probs[k - 1]) if k else float("inf")
+
     def _decode(self) -> None:
+        started = time.perf_counter()
         running = list(self._running)
         bsz = len(running)
         budgets = self._budgets()
         ask = [i for i, b in enumerate(budgets) if b > 0]
         trees: list[tuple[list[int], list[int]] | None] = [None] * bsz  # None = the root alone
+        drafted_prob = 0.0
         if ask:
             got = self.drafter.draft_batch([running[i].req.rid for i in ask], [budgets[i] for i in ask])
+            theta = 0.0
+            if self._cut and self.step_cost.ready:
+                theta = self._threshold([d.probs[: budgets[i]] for i, d in zip(ask, got)], bsz)
             for i, d in zip(ask, got):
                 if len(d):
-                    toks, pars = _sanitize(d, budgets[i], self.vocab_size)
+                    toks, pars, probs = _sanitize(d, budgets[i], self.vocab_size, theta)
                     if len(toks) > 1:
-                        toks[0] = running[i].tokens[-1]
                         trees[i] = (toks, pars)
+                        drafted_prob += sum(probs)
         tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
         counts = tb.counts
         kv = np.array([st.kv_len for st in running], dtype=np.int64)
@@ -479,15 +530,17 @@ class Engine:
         )
         offsets = tb.offsets
         # one draw from q at every node (the argmax for greedy requests), then a walk per tree: the one-uniform
-        # form of the multi-draft rule (see sampling.py); uniforms come from each request's own seeded generator
+        # form of the multi-draft rule (see sampling.py); a node at depth d draws with the uniform of output
+        # position len(output) + d from the request's own seeded stream (_uniforms)
         picked = probs.argmax(dim=-1) if greedy.any() else None
         sampled = np.flatnonzero(~greedy)
+        depth = tb.depth
         if len(sampled) == bsz:  # all requests sample: every row, in order
-            u = np.concatenate([st.rng.random(int(c)) for st, c in zip(running, counts)])
+            u = np.concatenate([_uniforms(st, depth[offsets[b] : offsets[b + 1]]) for b, st in enumerate(running)])
             picked = sample_rows(probs, torch.from_numpy(u).to(dev))
         elif len(sampled):
             row_idx = torch.from_numpy(np.concatenate([np.arange(offsets[b], offsets[b + 1]) for b in sampled]))
-            u = np.concatenate([running[b].rng.random(int(counts[b])) for b in sampled])
+            u = np.concatenate([_uniforms(running[b], depth[offsets[b] : offsets[b + 1]]) for b in sampled])
             row_idx = row_idx.to(dev)
             picked[row_idx] = sample_rows(probs[row_idx], torch.from_numpy(u).to(dev))
         picked_np = picked.cpu().numpy()
@@ -546,6 +599,10 @@ class Engine:
             self._cache.move_tokens(
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)
             )
+        if self._speculate:
+            step_accepted = sum(len(w.accepted_nodes) for w in outcomes)
+            self.step_cost.observe_acceptance(drafted_prob, step_accepted)
+            self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
 
     def _retire(self) -> list[GenerateResult]:
         """Remove finished requests from the running list (keeping slots contiguous) and build their results."""

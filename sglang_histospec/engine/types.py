@@ -158,7 +158,12 @@ class EngineConfig:
     num_draft_tokens: int = 16
     """Hard cap on draft nodes per request and step (the root excluded); budgets never exceed it."""
     budget: BudgetConfig | None = None
-    """Per-request budget policy (core BudgetController); None = the core default."""
+    """Per-request budget policy (core BudgetController); None = a fixed budget of ``num_draft_tokens`` nodes
+    when ``draft_selection`` is "cost" (the cut below sizes the trees), else the core default (AIMD)."""
+    draft_selection: str = "cost"
+    """"cost": each step keeps the most likely draft nodes of the whole batch as long as their expected accepted
+    tokens pay for their verify rows, per a step-time model measured online (``core/stepcost.py``); "all": keep
+    every drafted node (within the budgets)."""
     drafter: DrafterConfig | None = None
     """History drafter configuration (core HistoSpecDrafter); None = the core default."""
     seed: int = 0
@@ -188,5 +193,7 @@ class EngineConfig:
             not isinstance(self.max_context_len, int) or self.max_context_len < 2
         ):
             raise ValueError(f"max_context_len={self.max_context_len!r}; use an int >= 2 or None")
+        if self.draft_selection not in ("cost", "all"):
+            raise ValueError(f"draft_selection={self.draft_selection!r}; use 'cost' or 'all'")
         if not isinstance(self.num_draft_tokens, int) or not 0 <= self.num_draft_tokens <= 256:
             raise ValueError(f"num_draft_tokens={self.num_draft_tokens!r}; use an int in [0, 256]")

@@ -1,0 +1,143 @@
+"""Cost-aware draft selection: an online model of a verify step's time, and the cut that maximises tokens per second.
+
+A verify step over ``B`` requests with ``E`` extra query rows (draft nodes and merged prefill tokens, beyond the
+one root row per request) takes about
+
+    seconds = a + b * B + c * E
+
+(``a``: per-step overhead, ``b``: per request, its root row and host work, ``c``: per extra row: the forward's
+compute, nearly 0 on a GPU until it turns compute-bound, a few microseconds per row for a tiny model on a CPU). ``StepCostModel`` fits
+a, b, c online by exponentially weighted least squares over the steps an engine runs.
+
+A draft node with path probability ``p`` (the drafter's estimate that the target emits the whole path to it; the
+history's frequencies are samples of the same policy) adds ``kappa * p`` expected accepted tokens and one row;
+``kappa`` (observed accepted tokens per unit of drafted probability) corrects the drafter's calibration. With
+every draft node of a step sorted by ``p``, keeping the ``k`` most likely gives
+
+    tokens(k) / seconds(k) = (B + kappa * (p_1 + ... + p_k)) / (a + b * B + c * (E0 + k)),
+
+and ``best_cut`` returns the ``k`` that maximises it. Children never have a larger path probability than their
+parent, so a probability threshold keeps whole subtrees (the engine still drops a node whose parent was cut).
+
+Example::
+
+    model = StepCostModel()
+    for extra in (0, 32, 64, 256) * 4:             # 16 steps of 16 requests (min_steps) with 0-256 draft rows
+        model.observe(16, 16 + extra, 0.002 + 0.000005 * extra)
+    a_b, c = model.base_cost(16), model.row_cost()  # 0.002 s per step without drafts, 5 us per extra row
+    best_cut(np.array([0.9, 0.8, 0.1, 0.01]), base_tokens=16, base_cost=a_b, row_cost=c)   # 3
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class StepCostConfig:
+    """Configuration of :class:`StepCostModel`."""
+
+    decay: float = 0.99
+    """Weight of the past per observed step (0.99: the last few hundred steps count)."""
+    min_steps: int = 16
+    """Observations before the model is used; until then ``ready`` is False and nothing is cut."""
+    kappa_prior: float = 8.0
+    """Pseudo-count (in drafted probability) of the prior kappa = 1."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.decay < 1.0:
+            raise ValueError(f"StepCostConfig.decay={self.decay!r}: expected a float in (0, 1)")
+        if isinstance(self.min_steps, bool) or not isinstance(self.min_steps, int) or self.min_steps < 3:
+            raise ValueError(f"StepCostConfig.min_steps={self.min_steps!r}: expected an int >= 3")
+        if not self.kappa_prior > 0.0:
+            raise ValueError(f"StepCostConfig.kappa_prior={self.kappa_prior!r}: expected a float > 0")
+
+
+class StepCostModel:
+    """Online fit of ``seconds = a + b * batch + c * (rows - batch)`` and of the drafter's calibration ``kappa``."""
+
+    def __init__(self, cfg: StepCostConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else StepCostConfig()
+        self._xx = np.zeros((3, 3))  # decayed sum of x x^T, x = (1, batch, rows - batch)
+        self._xy = np.zeros(3)  # decayed sum of x * seconds
+        self._n = 0
+        self._coef = np.zeros(3)
+        self._stale = False
+        self._accepted = 0.0
+        self._drafted_prob = 0.0
+
+    @property
+    def ready(self) -> bool:
+        """True once ``min_steps`` steps were observed and the rows term could be fitted."""
+        return self._n >= self.cfg.min_steps
+
+    def observe(self, batch: int, rows: int, seconds: float) -> None:
+        """Record one verify step: ``batch`` requests, ``rows`` query rows (>= batch), ``seconds`` of wall time."""
+        if not (isinstance(batch, int) and batch >= 1 and isinstance(rows, int) and rows >= batch):
+            raise ValueError(f"batch={batch!r}, rows={rows!r}: expected ints with 1 <= batch <= rows")
+        if not seconds >= 0.0:
+            raise ValueError(f"seconds={seconds!r}: expected a float >= 0")
+        x = np.array([1.0, float(batch), float(rows - batch)])
+        d = self.cfg.decay
+        self._xx = d * self._xx + np.outer(x, x)
+        self._xy = d * self._xy + x * seconds
+        self._n += 1
+        self._stale = True
+
+    def _fit(self) -> np.ndarray:
+        if self._stale and self._n >= self.cfg.min_steps:
+            # a tiny ridge keeps the 3x3 system solvable when the batch or the extra rows never varied; steps
+            # without extra rows leave c at 0 (nothing is cut until drafts were measured)
+            ridge = 1e-9 * max(1.0, float(np.trace(self._xx))) * np.eye(3)
+            coef = np.linalg.solve(self._xx + ridge, self._xy)
+            coef[2] = max(coef[2], 0.0)  # noise can make the row term negative: no row is free of cost
+            self._coef = coef
+            self._stale = False
+        return self._coef
+
+    def observe_acceptance(self, drafted_prob: float, accepted: int) -> None:
+        """Record that drafts of total path probability ``drafted_prob`` had ``accepted`` tokens accepted."""
+        d = self.cfg.decay
+        self._drafted_prob = d * self._drafted_prob + float(drafted_prob)
+        self._accepted = d * self._accepted + float(accepted)
+
+    @property
+    def kappa(self) -> float:
+        """Accepted tokens per unit of drafted path probability (1 = a calibrated drafter), within [0.05, 2]."""
+        prior = self.cfg.kappa_prior
+        return min(2.0, max(0.05, (self._accepted + prior) / (self._drafted_prob + prior)))
+
+    def base_cost(self, batch: int) -> float:
+        """Fitted ``a + b * batch`` (seconds of a step without extra rows), > 0."""
+        a, b, _ = self._fit()
+        return max(a + b * batch, 1e-9)
+
+    def row_cost(self) -> float:
+        """Fitted ``c`` (seconds per extra query row, >= 0)."""
+        return float(self._fit()[2])
+
+
+def best_cut(
+    probs_desc: np.ndarray,  # [M] float path probabilities of every draft node of the step, sorted descending
+    base_tokens: float,  # tokens the step emits without drafts (one per request)
+    base_cost: float,  # seconds of the step without draft rows
+    row_cost: float,  # seconds per draft row
+    kappa: float = 1.0,  # accepted tokens per unit of path probability
+) -> int:
+    """Number of most likely nodes to keep so that expected tokens per second is largest (the first maximum).
+
+    Example: ``best_cut(np.array([0.9, 0.5, 0.05]), 4, 1.0, 0.1)`` is 2: (4 + 1.4) / 1.2 = 4.5 beats
+    (4 + 0.9) / 1.1 = 4.45 and (4 + 1.45) / 1.3 = 4.19.
+    """
+    if base_cost <= 0 or row_cost < 0 or base_tokens <= 0:
+        raise ValueError(
+            f"base_cost={base_cost!r}, row_cost={row_cost!r}, base_tokens={base_tokens!r}: expected "
+            "base_cost > 0, row_cost >= 0, base_tokens > 0"
+        )
+    if len(probs_desc) == 0:
+        return 0
+    gain = np.concatenate(([0.0], np.cumsum(probs_desc, dtype=np.float64))) * kappa
+    cost = base_cost + row_cost * np.arange(len(gain), dtype=np.float64)
+    return int(np.argmax((base_tokens + gain) / cost))
