@@ -1,4 +1,4 @@
-"""The cost-aware cut: the online step-time model and best_cut against brute force."""
+"""The cost-aware cut: the online step-time model, the probability calibration and best_cut against brute force."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.stepcost import StepCostConfig, StepCostModel, best_cut
+from sglang_histospec.core.stepcost import (
+    BIN_EDGES,
+    CalibrationConfig,
+    ProbCalibration,
+    StepCostConfig,
+    StepCostModel,
+    best_cut,
+)
 
 
-def _brute_force(probs_desc, base_tokens, base_cost, row_cost, kappa):
-    ratios = [
-        (base_tokens + kappa * sum(probs_desc[:k])) / (base_cost + row_cost * k) for k in range(len(probs_desc) + 1)
-    ]
-    return ratios.index(max(ratios)), max(ratios)
+def _best_ratio(probs_desc, base_tokens, base_cost, row_cost):
+    """Reference: the best tokens-per-second over every prefix, by enumeration."""
+    return max((base_tokens + sum(probs_desc[:k])) / (base_cost + row_cost * k) for k in range(len(probs_desc) + 1))
 
 
 def test_docstring_examples():
@@ -25,22 +30,24 @@ def test_docstring_examples():
     assert model.ready
     assert model.row_cost() == pytest.approx(5e-6, rel=1e-3)
     assert model.base_cost(16) == pytest.approx(0.002, rel=1e-3)
-    c = model.row_cost()
-    assert best_cut(np.array([0.9, 0.8, 0.1, 0.01]), 16, model.base_cost(16), c) == 3
+    assert best_cut(np.array([0.9, 0.8, 0.1, 0.01]), 16, model.base_cost(16), model.row_cost()) == 3
+    cal = ProbCalibration()
+    cal.observe(np.array([1.0, 1.0, 1.0, 1.0]), np.array([True, False, False, False]))
+    assert cal.calibrate(np.array([1.0])).tolist() == [0.625]
 
 
 @pytest.mark.parametrize(
-    "probs, base_tokens, base_cost, row_cost, kappa, expected",
+    "probs, base_tokens, base_cost, row_cost, expected",
     [
-        ([], 4, 1.0, 0.1, 1.0, 0),  # nothing drafted
-        ([0.9, 0.8], 4, 1.0, 0.0, 1.0, 2),  # free rows: keep everything
-        ([0.9, 0.8], 4, 1.0, 10.0, 1.0, 0),  # rows far dearer than a step: keep nothing
-        ([0.9, 0.5, 0.05], 4, 1.0, 0.1, 1.0, 2),
-        ([0.9, 0.5, 0.05], 4, 1.0, 0.1, 0.1, 0),  # a badly calibrated drafter earns less per node
+        ([], 4, 1.0, 0.1, 0),  # nothing drafted
+        ([0.9, 0.8], 4, 1.0, 0.0, 2),  # free rows: keep everything
+        ([0.9, 0.8], 4, 1.0, 10.0, 0),  # rows far dearer than a step: keep nothing
+        ([0.9, 0.5, 0.05], 4, 1.0, 0.1, 2),
+        ([0.09, 0.05], 4, 1.0, 0.1, 0),  # unlikely nodes do not pay for their rows
     ],
 )
-def test_best_cut_table(probs, base_tokens, base_cost, row_cost, kappa, expected):
-    assert best_cut(np.array(probs, dtype=np.float64), base_tokens, base_cost, row_cost, kappa) == expected
+def test_best_cut_table(probs, base_tokens, base_cost, row_cost, expected):
+    assert best_cut(np.array(probs, dtype=np.float64), base_tokens, base_cost, row_cost) == expected
 
 
 @settings(max_examples=300, deadline=None)
@@ -49,14 +56,12 @@ def test_best_cut_table(probs, base_tokens, base_cost, row_cost, kappa, expected
     st.integers(1, 64),
     st.floats(1e-4, 1.0),
     st.floats(0.0, 0.1),
-    st.floats(0.05, 2.0),
 )
-def test_best_cut_matches_brute_force(probs, base_tokens, base_cost, row_cost, kappa):
+def test_best_cut_matches_brute_force(probs, base_tokens, base_cost, row_cost):
     probs_desc = np.array(sorted(probs, reverse=True), dtype=np.float64)
-    k = best_cut(probs_desc, base_tokens, base_cost, row_cost, kappa)
-    _, best = _brute_force(list(probs_desc), base_tokens, base_cost, row_cost, kappa)
-    got = (base_tokens + kappa * probs_desc[:k].sum()) / (base_cost + row_cost * k)
-    assert got == pytest.approx(best, rel=1e-9)
+    k = best_cut(probs_desc, base_tokens, base_cost, row_cost)
+    got = (base_tokens + probs_desc[:k].sum()) / (base_cost + row_cost * k)
+    assert got == pytest.approx(_best_ratio(list(probs_desc), base_tokens, base_cost, row_cost), rel=1e-9)
 
 
 @pytest.mark.parametrize(
@@ -91,10 +96,9 @@ def test_model_fits_noisy_steps_and_tracks_changes():
 
 def test_row_cost_never_negative_and_unidentified_rows_cut_nothing():
     model = StepCostModel()
-    for _ in range(32):  # rows never vary beyond the batch: the row term cannot be told apart
+    for _ in range(32):  # no extra rows were ever measured: the row term stays 0
         model.observe(4, 4, 0.002)
-    assert model.ready
-    assert model.row_cost() == 0.0
+    assert model.ready and model.row_cost() == 0.0
     assert best_cut(np.array([0.9, 0.6, 0.3]), 4, model.base_cost(4), model.row_cost()) == 3
     falling = StepCostModel()
     for rows in (4, 40) * 16:  # more rows measured faster (noise): clamped to 0, not negative
@@ -102,22 +106,44 @@ def test_row_cost_never_negative_and_unidentified_rows_cut_nothing():
     assert falling.row_cost() == 0.0
 
 
-@pytest.mark.parametrize(
-    "accepted, drafted, expected", [(0, 0, 1.0), (10, 20, 18 / 28), (0, 1000, 0.05), (900, 100, 2.0)]
-)
-def test_kappa_is_a_smoothed_bounded_ratio(accepted, drafted, expected):
-    model = StepCostModel(StepCostConfig(decay=0.5, kappa_prior=8.0))
-    model.observe_acceptance(drafted, accepted)
-    assert model.kappa == pytest.approx(expected)
+def test_calibration_learns_the_acceptance_of_each_bin():
+    rng = np.random.default_rng(1)
+    cal = ProbCalibration(CalibrationConfig(decay=1.0))
+    assert cal.calibrate(np.array([0.3, 1.0])).tolist() == [0.3, 1.0]  # no data: identity
+    true_rate = {0.3: 0.12, 1.0: 0.25, 0.85: 0.66}  # overconfident at 1.0 and 0.3, as measured on the demo
+    for _ in range(200):
+        probs = np.array([p for p in true_rate for _ in range(5)])
+        accepted = rng.random(len(probs)) < np.array([true_rate[p] for p in probs])
+        cal.observe(probs, accepted)
+    got = cal.calibrate(np.array(list(true_rate)))
+    np.testing.assert_allclose(got, list(true_rate.values()), atol=0.04)
+    rows = {r["upper"]: r for r in cal.table()}
+    assert rows[1.0]["nodes"] == 1000 and rows[1.0]["drafted"] == pytest.approx(1.0)
+
+
+def test_calibration_bins_and_decay():
+    assert BIN_EDGES[-1] < 1.0  # probability 1.0 (a context seen once) has a bin of its own
+    cal = ProbCalibration(CalibrationConfig(decay=0.5, prior_nodes=1.0))
+    cal.observe(np.array([0.55]), np.array([True]))
+    cal.observe(np.array([]), np.array([], dtype=bool))  # an empty step only decays
+    assert cal.table()[0]["nodes"] == pytest.approx(0.5)
+    assert cal.calibrate(np.array([0.52])).tolist() == pytest.approx([(0.5 + 0.55) / 1.5])
+    with pytest.raises(ValueError, match="one flag per node"):
+        cal.observe(np.array([0.5, 0.6]), np.array([True]))
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
-    [(dict(decay=1.0), "decay"), (dict(min_steps=2), "min_steps"), (dict(kappa_prior=0.0), "kappa_prior")],
+    "make, match",
+    [
+        (lambda: StepCostConfig(decay=1.0), "decay"),
+        (lambda: StepCostConfig(min_steps=2), "min_steps"),
+        (lambda: CalibrationConfig(decay=0.0), "decay"),
+        (lambda: CalibrationConfig(prior_nodes=0.0), "prior_nodes"),
+    ],
 )
-def test_config_validation(kwargs, match):
+def test_config_validation(make, match):
     with pytest.raises(ValueError, match=match):
-        StepCostConfig(**kwargs)
+        make()
 
 
 @pytest.mark.parametrize("batch, rows, seconds", [(0, 1, 0.1), (4, 3, 0.1), (4, 4, -1.0)])

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from sglang_histospec.core import ROOT, Draft
-from sglang_histospec.core.stepcost import StepCostModel, best_cut
+from sglang_histospec.core.stepcost import ProbCalibration, StepCostModel, best_cut
 from sglang_histospec.engine.model import TreeForward, check_architecture
 from sglang_histospec.engine.sampling import process_logits, sample_rows
 from sglang_histospec.engine.treebatch import TreeBatch
@@ -83,28 +83,30 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _sanitize(
-    draft: Draft, budget: int, vocab_size: int, min_prob: float = 0.0
-) -> tuple[list[int], list[int], list[float]]:
-    """Keep at most ``budget`` nodes whose token is in the vocabulary, whose path probability is at least
-    ``min_prob`` and whose parent was kept.
+    draft: Draft, budget: int, vocab_size: int, min_score: float = 0.0, scores: np.ndarray | None = None
+) -> tuple[list[int], list[int], list[int]]:
+    """Keep at most ``budget`` nodes whose token is in the vocabulary, whose score (``scores[i]``, default the
+    draft's path probability) is at least ``min_score`` and whose parent was kept.
 
-    Returns (tokens, parents, probs) of the packed tree: node 0 = root (token filled in by the caller), draft node
-    i -> node i + 1, parent ROOT -> 0; ``probs`` has one path probability per kept draft node.
+    Returns (tokens, parents, kept) of the packed tree: node 0 = root (token filled in by the caller), kept draft
+    node ``kept[j]`` -> node j + 1, parent ROOT -> 0.
     """
-    ids, probs = draft.token_ids, draft.probs
-    if len(ids) <= budget and min(ids) >= 0 and max(ids) < vocab_size and min(probs) >= min_prob:  # keep all
-        return [0, *ids], [-1, *(0 if p == ROOT else p + 1 for p in draft.parents)], list(probs)
+    ids = draft.token_ids
+    if scores is None:
+        scores = draft.probs
+    if len(ids) <= budget and min(ids) >= 0 and max(ids) < vocab_size and min(scores) >= min_score:  # keep all
+        return [0, *ids], [-1, *(0 if p == ROOT else p + 1 for p in draft.parents)], list(range(len(ids)))
     tokens, parents, kept = [0], [-1], []
     remap: dict[int, int] = {ROOT: 0}
-    for i, (tok, par, prob) in enumerate(zip(ids, draft.parents, probs)):
+    for i, (tok, par) in enumerate(zip(ids, draft.parents)):
         if len(tokens) > budget:
             break
-        if par not in remap or not 0 <= tok < vocab_size or prob < min_prob:
+        if par not in remap or not 0 <= tok < vocab_size or scores[i] < min_score:
             continue
         remap[i] = len(tokens)
         tokens.append(int(tok))
         parents.append(remap[par])
-        kept.append(prob)
+        kept.append(i)
     return tokens, parents, kept
 
 
@@ -157,6 +159,7 @@ class Engine:
         self.budgets = budgets
         self._speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
         self.step_cost = StepCostModel()
+        self.calibration = ProbCalibration()
         self._cut = self._speculate and config.draft_selection == "cost"
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
@@ -300,7 +303,7 @@ class Engine:
         """Counters: requests_total, requests_finished, requests_aborted, requests_running, requests_waiting,
         prompt_tokens, generated_tokens, verify_steps (request-steps), forward_passes, draft_tokens,
         accepted_tokens, tau (generated tokens per request-step), accept_rate, drafter stats under "drafter", the
-        cost-aware cut's model under "step_cost" (ready, row_cost_s, kappa), speculative_algorithm,
+        cost-aware cut's models under "step_cost" (ready, row_cost_s, calibration bins), speculative_algorithm,
         weight_version, model_path, device."""
         s = self._stats
         steps = s["verify_steps"]
@@ -332,7 +335,7 @@ class Engine:
             step_cost={
                 "ready": self.step_cost.ready,
                 "row_cost_s": self.step_cost.row_cost(),
-                "kappa": self.step_cost.kappa,
+                "calibration": self.calibration.table(),
             },
         )
         return out
@@ -438,20 +441,19 @@ class Engine:
             out.append(max(0, min(int(b), self.config.num_draft_tokens, left, room)))
         return out
 
-    def _threshold(self, draft_probs: list[list[float]], bsz: int) -> float:
-        """Smallest path probability a draft node needs this step (the cost-aware cut over the path probabilities
-        of every request's draft nodes within its budget; 0.0 keeps everything)."""
-        probs = np.fromiter((p for ps in draft_probs for p in ps), dtype=np.float64)
-        if not len(probs):
+    def _threshold(self, scores: np.ndarray, bsz: int) -> float:
+        """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
+        calibrated path probabilities of every request's draft nodes within its budget (0.0 keeps everything)."""
+        if not len(scores):
             return 0.0
-        probs[::-1].sort()
+        desc = np.sort(scores)[::-1]
         model = self.step_cost
         row = model.row_cost()
         prefill = sum(len(st.tokens) - 1 - st.kv_len for st in self._running)  # merged prefill tokens
-        k = best_cut(probs, float(bsz), model.base_cost(bsz) + row * prefill, row, model.kappa)
-        if k >= len(probs):
+        k = best_cut(desc, float(bsz), model.base_cost(bsz) + row * prefill, row)
+        if k >= len(desc):
             return 0.0
-        return float(probs[k - 1]) if k else float("inf")
+        return float(desc[k - 1]) if k else float("inf")
 
     def _decode(self) -> None:
         started = time.perf_counter()
@@ -460,18 +462,24 @@ class Engine:
         budgets = self._budgets()
         ask = [i for i, b in enumerate(budgets) if b > 0]
         trees: list[tuple[list[int], list[int]] | None] = [None] * bsz  # None = the root alone
-        drafted_prob = 0.0
+        node_probs: list[float] = []  # drafted path probability of every draft row, in row order
         if ask:
             got = self.drafter.draft_batch([running[i].req.rid for i in ask], [budgets[i] for i in ask])
-            theta = 0.0
+            theta, scores = 0.0, [None] * len(got)
             if self._cut and self.step_cost.ready:
-                theta = self._threshold([d.probs[: budgets[i]] for i, d in zip(ask, got)], bsz)
-            for i, d in zip(ask, got):
+                sizes = [min(len(d), budgets[i]) for i, d in zip(ask, got)]
+                flat = self.calibration.calibrate(
+                    np.fromiter((p for i, d in zip(ask, got) for p in d.probs[: budgets[i]]), dtype=np.float64)
+                )
+                theta = self._threshold(flat, bsz)
+                if theta > 0.0:
+                    scores = np.split(flat, np.cumsum(sizes)[:-1])
+            for i, d, sc in zip(ask, got, scores):
                 if len(d):
-                    toks, pars, probs = _sanitize(d, budgets[i], self.vocab_size, theta)
+                    toks, pars, kept = _sanitize(d, budgets[i], self.vocab_size, theta, sc)
                     if len(toks) > 1:
                         trees[i] = (toks, pars)
-                        drafted_prob += sum(probs)
+                        node_probs.extend(d.probs[j] for j in kept)
         tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
         counts = tb.counts
         kv = np.array([st.kv_len for st in running], dtype=np.int64)
@@ -600,8 +608,14 @@ class Engine:
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)
             )
         if self._speculate:
-            step_accepted = sum(len(w.accepted_nodes) for w in outcomes)
-            self.step_cost.observe_acceptance(drafted_prob, step_accepted)
+            if node_probs:  # which draft rows were accepted, for the calibration of drafted probabilities
+                accepted_rows = np.zeros(len(node_probs), dtype=bool)
+                first = 0
+                for walk, tree in zip(outcomes, trees):
+                    if tree is not None:
+                        accepted_rows[[first + a - 1 for a in walk.accepted_nodes]] = True
+                        first += len(tree[0]) - 1
+                self.calibration.observe(np.asarray(node_probs), accepted_rows)
             self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
 
     def _retire(self) -> list[GenerateResult]:

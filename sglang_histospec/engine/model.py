@@ -148,40 +148,51 @@ class TreeForward:
         t = mask.shape[-1]
         if mask.dtype == torch.bool:  # additive form once per pass, not once per layer inside the attention
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-        hidden = self.decoder.embed_tokens(input_ids)
-        cos, sin = self.decoder.rotary_emb(hidden, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, N, D]
-        valid = write_pos >= 0
-        b_idx, n_idx = valid.nonzero(as_tuple=True)
+        # Only the R real tokens (write_pos >= 0) go through the projections and MLPs, packed as [1, R, H]; the
+        # attention alone uses the padded [B, N] layout. Trees of a step differ in size, so padding every request
+        # to the largest one would multiply the dense work.
+        b_idx, n_idx = (write_pos >= 0).nonzero(as_tuple=True)
         slot_idx = b_idx + slot_start
         pos_idx = write_pos[b_idx, n_idx]
+        rows = len(b_idx)
+        hidden = self.decoder.embed_tokens(input_ids[b_idx, n_idx])[None]  # [1, R, H]
+        cos, sin = self.decoder.rotary_emb(hidden, positions[b_idx, n_idx][None])
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [R, 1, D]
+        width = self.num_heads * self.head_dim
+        padded = hidden.new_zeros((bsz, n, self.num_heads, self.head_dim))
         for layer_no, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
             residual = hidden
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(bsz, n, self.num_heads, self.head_dim)
-            k = attn.k_proj(x).view(bsz, n, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(bsz, n, self.num_kv_heads, self.head_dim)
+            q = attn.q_proj(x).view(rows, self.num_heads, self.head_dim)
+            k = attn.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
             if self.has_qk_norm:
                 q = attn.q_norm(q)
                 k = attn.k_norm(k)
-            q = q.transpose(1, 2)  # [B, H, N, D]
-            k = k.transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             kv = cache.data[layer_no]  # [2, slots, Hkv, C, D]
-            kv[0, slot_idx, :, pos_idx] = k.transpose(1, 2)[b_idx, n_idx]
-            kv[1, slot_idx, :, pos_idx] = v[b_idx, n_idx]
+            kv[0, slot_idx, :, pos_idx] = k
+            kv[1, slot_idx, :, pos_idx] = v
             keys = kv[0, slot_start : slot_start + bsz, :, :t]
             values = kv[1, slot_start : slot_start + bsz, :, :t]
+            padded[b_idx, n_idx] = q
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_heads != self.num_kv_heads
+                padded.transpose(1, 2),  # [B, H, N, D]
+                keys,
+                values,
+                attn_mask=mask,
+                scale=attn.scaling,
+                enable_gqa=self.num_heads != self.num_kv_heads,
             )
-            out = out.transpose(1, 2).reshape(bsz, n, self.num_heads * self.head_dim)
+            out = out.transpose(1, 2)[b_idx, n_idx].reshape(1, rows, width)
             hidden = residual + attn.o_proj(out)
             residual = hidden
             hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.decoder.norm(hidden)
+        out = hidden.new_zeros((bsz, n, hidden.shape[-1]))
+        out[b_idx, n_idx] = self.decoder.norm(hidden)[0]
+        return out
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab] float32
