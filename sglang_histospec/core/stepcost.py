@@ -44,12 +44,16 @@ class StepCostConfig:
     """Weight of the past per observed step (0.99: the last few hundred steps count)."""
     min_steps: int = 16
     """Observations before the model is used; until then ``ready`` is False and nothing is cut."""
+    refit_every: int = 8
+    """Steps between refits of the coefficients (a refit is a 3x3 solve; the sums are updated every step)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay < 1.0:
             raise ValueError(f"StepCostConfig.decay={self.decay!r}: expected a float in (0, 1)")
         if isinstance(self.min_steps, bool) or not isinstance(self.min_steps, int) or self.min_steps < 3:
             raise ValueError(f"StepCostConfig.min_steps={self.min_steps!r}: expected an int >= 3")
+        if isinstance(self.refit_every, bool) or not isinstance(self.refit_every, int) or self.refit_every < 1:
+            raise ValueError(f"StepCostConfig.refit_every={self.refit_every!r}: expected an int >= 1")
 
 
 class StepCostModel:
@@ -79,7 +83,7 @@ class StepCostModel:
         self._xx = d * self._xx + np.outer(x, x)
         self._xy = d * self._xy + x * seconds
         self._n += 1
-        self._stale = True
+        self._stale = self._stale or self._n % self.cfg.refit_every == 0 or self._n == self.cfg.min_steps
 
     def _fit(self) -> np.ndarray:
         if self._stale and self._n >= self.cfg.min_steps:
@@ -180,9 +184,10 @@ class ProbCalibration:
         self._prob_sum *= d
         if len(probs):
             b = self._bins(probs)
-            np.add.at(self._nodes, b, 1.0)
-            np.add.at(self._prob_sum, b, probs)
-            np.add.at(self._accepted, b[accepted], 1.0)
+            bins = len(self._nodes)
+            self._nodes += np.bincount(b, minlength=bins)
+            self._prob_sum += np.bincount(b, weights=probs, minlength=bins)
+            self._accepted += np.bincount(b[accepted], minlength=bins)
 
     def calibrate(self, probs: np.ndarray) -> np.ndarray:  # [n] float -> [n] float in [0, 1]
         """Expected acceptance of nodes drafted at these path probabilities."""

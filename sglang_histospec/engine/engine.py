@@ -83,7 +83,7 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _sanitize(
-    draft: Draft, budget: int, vocab_size: int, min_score: float = 0.0, scores: np.ndarray | None = None
+    draft: Draft, budget: int, vocab_size: int, min_score: float = 0.0, scores: list[float] | None = None
 ) -> tuple[list[int], list[int], list[int]]:
     """Keep at most ``budget`` nodes whose token is in the vocabulary, whose score (``scores[i]``, default the
     draft's path probability) is at least ``min_score`` and whose parent was kept.
@@ -473,7 +473,7 @@ class Engine:
                 )
                 theta = self._threshold(flat, bsz)
                 if theta > 0.0:
-                    scores = np.split(flat, np.cumsum(sizes)[:-1])
+                    scores = [part.tolist() for part in np.split(flat, np.cumsum(sizes)[:-1])]
             for i, d, sc in zip(ask, got, scores):
                 if len(d):
                     toks, pars, kept = _sanitize(d, budgets[i], self.vocab_size, theta, sc)
