@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the GRPO demo's starting policy: reward 0.35, high entropy) or quick (less trained still)",
     )
     parser.add_argument("--quick-model", action="store_true", help="same as --demo-model quick")
-    parser.add_argument("--epochs", type=int, default=4, help="epochs; the first only fills the history")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs; the first only fills the history")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts in the repeated set (demo task: all 64)")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt and epoch (a GRPO group)")
     parser.add_argument("--batch", type=int, default=16, help="requests decoded together (all three systems)")

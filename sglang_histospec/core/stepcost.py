@@ -137,7 +137,7 @@ BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0
 class CalibrationConfig:
     """Configuration of :class:`ProbCalibration`."""
 
-    decay: float = 0.995
+    decay: float = 0.98
     """Weight of the past per observed step."""
     prior_nodes: float = 4.0
     """Pseudo-count per bin of the prior "calibrated = the bin's mean drafted probability" (no data: identity)."""
