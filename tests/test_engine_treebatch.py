@@ -89,6 +89,7 @@ def _batch(draw):
 def test_matches_reference(batch):
     trees, roots, picks = batch
     tb = TreeBatch.build(trees, roots)
+    assert tb.check() is None
     walks = tb.walk(np.array([x for p in picks for x in p], dtype=np.int64))
     pairs = set(zip(*(a.tolist() for a in tb.pairs)))
     for b, (tree, root, pick) in enumerate(zip(trees, roots, picks)):
@@ -106,3 +107,19 @@ def test_matches_reference(batch):
         assert walks[b].accepted_nodes == accepted
         assert walks[b].tokens == emitted
         assert walks[b].rows == [lo] + [lo + a for a in accepted]
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("depth", [0, 1, 2, 2, 0], "depth"),
+        ("parent", [-1, 0, 0, 1, 0], "not a root"),
+        ("parent", [-1, 2, 0, 1, -1], "after its child"),
+        ("counts", [3, 2], "offsets"),
+    ],
+)
+def test_check_names_the_broken_invariant(field, value, match):
+    tb = TreeBatch.build([([5, 7, 8, 3], [-1, 0, 0, 1]), None], root_tokens=[5, 9])
+    assert tb.check() is None
+    setattr(tb, field, np.array(value, dtype=np.int64))
+    assert match in tb.check()

@@ -38,6 +38,12 @@ class WalkResult:
 
 @dataclass(slots=True)
 class TreeBatch:
+    """The flattened trees of one verify step (build with ``TreeBatch.build``; ``check`` names a broken invariant).
+
+    Row r belongs to request ``owner[r]`` as its node ``local[r]``; rows of one request are contiguous, its root
+    first, every parent before its children.
+    """
+
     counts: np.ndarray  # [B] int64 nodes per request, root included
     offsets: np.ndarray  # [B + 1] int64 first row of each request; offsets[-1] = R
     tokens: np.ndarray  # [R] int64 token of every row (roots included)
@@ -85,6 +91,27 @@ class TreeBatch:
     @property
     def num_rows(self) -> int:
         return int(self.offsets[-1])
+
+    def check(self) -> str | None:
+        """Return a description of the first broken invariant, or None when the batch is well formed."""
+        rows = self.num_rows
+        if self.offsets[0] != 0 or (np.diff(self.offsets) != self.counts).any() or (self.counts < 1).any():
+            return f"offsets {self.offsets.tolist()} do not match counts {self.counts.tolist()} (each >= 1)"
+        for name in ("tokens", "parent", "depth", "local", "owner"):
+            if len(getattr(self, name)) != rows:
+                return f"{name} has {len(getattr(self, name))} rows, expected {rows}"
+        roots = self.offsets[:-1]
+        if (self.parent[roots] != -1).any() or (self.depth[roots] != 0).any() or (self.local[roots] != 0).any():
+            return "a request's first row is not a root (parent -1, depth 0, local 0)"
+        child = np.flatnonzero(self.parent >= 0)
+        par = self.parent[child]
+        if (par >= child).any() or (self.owner[par] != self.owner[child]).any():
+            return "a parent comes after its child or belongs to another request"
+        if (self.depth[child] != self.depth[par] + 1).any():
+            return "a child's depth is not its parent's plus one"
+        if len(self.parent) - len(child) != len(self.counts):
+            return f"{len(self.parent) - len(child)} roots for {len(self.counts)} requests"
+        return None
 
     def walk(self, picked: np.ndarray) -> list[WalkResult]:
         """Follow, in every tree at once, the child whose token equals the token drawn at the current node.
