@@ -137,6 +137,8 @@ def test_calibration_bins_and_decay():
     [
         (lambda: StepCostConfig(decay=1.0), "decay"),
         (lambda: StepCostConfig(min_steps=2), "min_steps"),
+        (lambda: StepCostConfig(refit_every=0), "refit_every"),
+        (lambda: StepCostConfig(pause_steps=-1), "pause_steps"),
         (lambda: CalibrationConfig(decay=0.0), "decay"),
         (lambda: CalibrationConfig(prior_nodes=0.0), "prior_nodes"),
     ],

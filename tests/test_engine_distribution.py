@@ -68,7 +68,9 @@ def sample(path, sampling, n, mode, refs):
     else:
         drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=2, wrong_first=mode == "wrong")
         engine = Engine(
-            EngineConfig(model_path=path, device="cpu", max_running_requests=512, record_responses=False),
+            EngineConfig(
+                model_path=path, device="cpu", max_running_requests=512, record_responses=False, draft_selection="all"
+            ),
             drafter=drafter,
             budgets=FixedBudgets(4),
         )

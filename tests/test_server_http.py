@@ -29,7 +29,11 @@ def tok():
 
 @pytest.fixture(scope="module")
 def spec(model_dir):
-    with ServerThread(model_dir, speculative_algorithm="HISTOSPEC", max_request_bytes=2**20) as srv:
+    # draft_selection="all": these tests check that history turns into accepted drafts; whether drafting pays is
+    # the engine's cost-aware cut, tested deterministically in tests/test_engine_greedy.py
+    with ServerThread(
+        model_dir, speculative_algorithm="HISTOSPEC", max_request_bytes=2**20, draft_selection="all"
+    ) as srv:
         yield srv
 
 
@@ -276,7 +280,7 @@ def test_greedy_identical_with_a_small_draft_budget_and_concurrent_clients(model
     prompts = [_ids(tok, p) for p in PROMPTS]
     kw = dict(max_new_tokens=16, temperature=0, ignore_eos=True)
     reference = [o["output_ids"] for o in plain.client.generate(prompts, **kw)]
-    with ServerThread(model_dir, num_draft_tokens=3) as srv:
+    with ServerThread(model_dir, num_draft_tokens=3, draft_selection="all") as srv:
         entries = [
             {"prompt_id": f"c{i}", "responses": [r], "prompt_tokens": p}
             for i, (p, r) in enumerate(zip(prompts, reference))
@@ -303,7 +307,9 @@ def test_seeded_sampling_is_reproducible_with_processed_logprobs(spec, tok):
     b = spec.client.generate([prompt], **kw)[0]
     assert a["output_ids"] == b["output_ids"]
     lps = [lp for lp, _, _ in a["meta_info"]["output_token_logprobs"]]
-    assert lps == [lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]]
+    # the second request drafts from the first one's response, so its verify passes have other shapes: the same
+    # distributions up to float32 rounding of a differently shaped batch, not bit for bit
+    assert lps == pytest.approx([lp for lp, _, _ in b["meta_info"]["output_token_logprobs"]], abs=1e-5)
     assert len(lps) == 12 and all(-50 < lp <= 0 for lp in lps)
 
 

@@ -38,8 +38,14 @@ def servers(model_dir, tmp_path_factory):
     """{"on": HISTOSPEC server, "off": NONE server}, started concurrently."""
     logs = tmp_path_factory.mktemp("trl-logs")
     with ThreadPoolExecutor(2) as pool:
+        # every drafted node is verified: these tests check that pushed history turns into drafts, not the
+        # engine's cost-aware cut (which may rightly stop drafting on this tiny random model; tests/test_engine_*)
         on = pool.submit(
-            RolloutServerProcess, model_dir, speculative_algorithm="HISTOSPEC", log_path=str(logs / "on.log")
+            RolloutServerProcess,
+            model_dir,
+            speculative_algorithm="HISTOSPEC",
+            log_path=str(logs / "on.log"),
+            extra_args=["--draft-selection", "all"],
         )
         off = pool.submit(
             RolloutServerProcess, model_dir, speculative_algorithm="NONE", log_path=str(logs / "off.log")

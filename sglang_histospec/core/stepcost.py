@@ -46,6 +46,10 @@ class StepCostConfig:
     """Observations before the model is used; until then ``ready`` is False and nothing is cut."""
     refit_every: int = 8
     """Steps between refits of the coefficients (a refit is a 3x3 solve; the sums are updated every step)."""
+    pause_steps: int = 16
+    """Longest pause: after a step whose best cut was expected to be slower than plain decoding, an engine decodes
+    1 step without any drafting work, then drafts once to re-measure; each further such step doubles the pause up
+    to this many steps, and a step where drafting pays resets it to 1 (0 = never pause)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decay < 1.0:
@@ -54,6 +58,8 @@ class StepCostConfig:
             raise ValueError(f"StepCostConfig.min_steps={self.min_steps!r}: expected an int >= 3")
         if isinstance(self.refit_every, bool) or not isinstance(self.refit_every, int) or self.refit_every < 1:
             raise ValueError(f"StepCostConfig.refit_every={self.refit_every!r}: expected an int >= 1")
+        if isinstance(self.pause_steps, bool) or not isinstance(self.pause_steps, int) or self.pause_steps < 0:
+            raise ValueError(f"StepCostConfig.pause_steps={self.pause_steps!r}: expected an int >= 0")
 
 
 class StepCostModel:

@@ -12,13 +12,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.launch import free_port
 
 
 class RolloutServerProcess:
-    """A rollout server subprocess (torch backend, CPU, one intra-op thread); ``url``, ``client``, ``stop()``."""
+    """A rollout server subprocess (torch backend, CPU, one intra-op thread); ``url``, ``client``, ``stop()``.
+
+    ``extra_args`` are appended to the ``histospec serve`` command line (e.g. ``["--draft-selection", "all"]``)."""
 
     def __init__(
         self,
@@ -27,6 +30,7 @@ class RolloutServerProcess:
         log_path: str | os.PathLike | None = None,
         seed: int = 0,
         ready_timeout: float = 300.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
         if speculative_algorithm not in ("HISTOSPEC", "NONE"):
             raise ValueError(f"speculative_algorithm={speculative_algorithm!r}: use 'HISTOSPEC' or 'NONE'")
@@ -35,7 +39,7 @@ class RolloutServerProcess:
         cmd = [
             sys.executable, "-m", "sglang_histospec.cli", "serve", "--backend", "torch", "--model", str(model_dir),
             "--port", str(self.port), "--device", "cpu", "--speculative-algorithm", speculative_algorithm,
-            "--seed", str(seed), "--log-level", "warning",
+            "--seed", str(seed), "--log-level", "warning", *extra_args,
         ]  # fmt: skip
         self._log = open(log_path or os.devnull, "w")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -160,6 +160,9 @@ class Engine:
         self._speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
         self.step_cost = StepCostModel()
         self.calibration = ProbCalibration()
+        self._pause = 0  # steps left without drafting: the last cut expected drafting to be slower than plain steps
+        self._pause_len = 1  # length of the next pause (doubles while drafting keeps not paying)
+        self._draft_s = 0.0  # decayed mean host time of a step's drafting work (seconds), saved by a paused step
         self._cut = self._speculate and config.draft_selection == "cost"
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
@@ -303,7 +306,8 @@ class Engine:
         """Counters: requests_total, requests_finished, requests_aborted, requests_running, requests_waiting,
         prompt_tokens, generated_tokens, verify_steps (request-steps), forward_passes, draft_tokens,
         accepted_tokens, tau (generated tokens per request-step), accept_rate, drafter stats under "drafter", the
-        cost-aware cut's models under "step_cost" (ready, row_cost_s, calibration bins), speculative_algorithm,
+        cost-aware cut's models under "step_cost" (ready, row_cost_s, calibration bins, draft_pauses: times the
+        cut stopped drafting for ``pause_steps`` steps, paused_steps), speculative_algorithm,
         weight_version, model_path, device."""
         s = self._stats
         steps = s["verify_steps"]
@@ -336,6 +340,8 @@ class Engine:
                 "ready": self.step_cost.ready,
                 "row_cost_s": self.step_cost.row_cost(),
                 "calibration": self.calibration.table(),
+                "draft_pauses": int(self._stats["draft_pauses"]),
+                "paused_steps": int(self._stats["paused_steps"]),
             },
         )
         return out
@@ -430,7 +436,7 @@ class Engine:
 
     def _budgets(self) -> list[int]:
         running = self._running
-        if not self._speculate:
+        if not self._speculate or self._pause > 0:
             return [0] * len(running)
         rids = [st.req.rid for st in running]
         raw = self.budgets.step_budgets(rids, len(running))
@@ -443,14 +449,26 @@ class Engine:
 
     def _threshold(self, scores: np.ndarray, bsz: int) -> float:
         """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
-        calibrated path probabilities of every request's draft nodes within its budget (0.0 keeps everything)."""
+        calibrated path probabilities of every request's draft nodes within its budget (0.0 keeps everything).
+
+        When even the best cut is expected to emit fewer tokens per second than a step without any drafting work
+        (the step's cost minus the measured drafting time), the next steps do not draft: 1, then 2, 4, ... up to
+        ``pause_steps`` while that keeps happening (see ``StepCostConfig.pause_steps``)."""
         if not len(scores):
             return 0.0
         desc = np.sort(scores)[::-1]
         model = self.step_cost
         row = model.row_cost()
         prefill = sum(len(st.tokens) - 1 - st.kv_len for st in self._running)  # merged prefill tokens
-        k = best_cut(desc, float(bsz), model.base_cost(bsz) + row * prefill, row)
+        base = model.base_cost(bsz) + row * prefill
+        k = best_cut(desc, float(bsz), base, row)
+        spec_rate = (bsz + float(desc[:k].sum())) / (base + row * k)
+        if spec_rate < bsz / max(base - self._draft_s, 1e-9):
+            self._pause = min(self._pause_len, model.cfg.pause_steps)
+            self._pause_len = min(2 * self._pause_len, max(1, model.cfg.pause_steps))
+            self._stats["draft_pauses"] += self._pause > 0
+        else:
+            self._pause_len = 1
         if k >= len(desc):
             return 0.0
         return float(desc[k - 1]) if k else float("inf")
@@ -481,6 +499,8 @@ class Engine:
                         trees[i] = (toks, pars)
                         node_probs.extend(d.probs[j] for j in kept)
         tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
+        if ask:
+            self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
         counts = tb.counts
         kv = np.array([st.kv_len for st in running], dtype=np.int64)
         # Query layout of row b: pre[b] not yet cached tokens (a newly admitted request's prompt minus its last
@@ -616,7 +636,11 @@ class Engine:
                         accepted_rows[[first + a - 1 for a in walk.accepted_nodes]] = True
                         first += len(tree[0]) - 1
                 self.calibration.observe(np.asarray(node_probs), accepted_rows)
-            self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
+            if ask:  # steps that drafted: a paused step has no drafting work and would bias the fit
+                self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
+            elif self._pause > 0:
+                self._pause -= 1
+                self._stats["paused_steps"] += 1
 
     def _retire(self) -> list[GenerateResult]:
         """Remove finished requests from the running list (keeping slots contiguous) and build their results."""
