@@ -447,9 +447,10 @@ class Engine:
             out.append(max(0, min(int(b), self.config.num_draft_tokens, left, room)))
         return out
 
-    def _threshold(self, scores: np.ndarray, bsz: int) -> float:
+    def _threshold(self, scores: np.ndarray, bsz: int, prefill: int) -> float:
         """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
-        calibrated path probabilities of every request's draft nodes within its budget (0.0 keeps everything).
+        calibrated path probabilities of every request's draft nodes within its budget, for a step that also
+        carries ``prefill`` merged prefill tokens (0.0 keeps everything).
 
         When even the best cut is expected to emit fewer tokens per second than a step without any drafting work
         (the step's cost minus the measured drafting time), the next steps do not draft: 1, then 2, 4, ... up to
@@ -459,7 +460,6 @@ class Engine:
         desc = np.sort(scores)[::-1]
         model = self.step_cost
         row = model.row_cost()
-        prefill = sum(len(st.tokens) - 1 - st.kv_len for st in self._running)  # merged prefill tokens
         base = model.base_cost(bsz) + row * prefill
         k = best_cut(desc, float(bsz), base, row)
         spec_rate = (bsz + float(desc[:k].sum())) / (base + row * k)
@@ -479,6 +479,9 @@ class Engine:
         bsz = len(running)
         budgets = self._budgets()
         ask = [i for i, b in enumerate(budgets) if b > 0]
+        # Query layout of row b: pre[b] not yet cached tokens (a newly admitted request's prompt minus its last
+        # token: its prefill, merged into this pass), then the root, then the draft nodes. base = where the root goes.
+        pre = np.array([len(st.tokens) - 1 - st.kv_len for st in running], dtype=np.int64)
         trees: list[tuple[list[int], list[int]] | None] = [None] * bsz  # None = the root alone
         node_probs: list[float] = []  # drafted path probability of every draft row, in row order
         if ask:
@@ -489,7 +492,7 @@ class Engine:
                 flat = self.calibration.calibrate(
                     np.fromiter((p for i, d in zip(ask, got) for p in d.probs[: budgets[i]]), dtype=np.float64)
                 )
-                theta = self._threshold(flat, bsz)
+                theta = self._threshold(flat, bsz, int(pre.sum()))
                 if theta > 0.0:
                     scores = [part.tolist() for part in np.split(flat, np.cumsum(sizes)[:-1])]
             for i, d, sc in zip(ask, got, scores):
@@ -503,9 +506,6 @@ class Engine:
             self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
         counts = tb.counts
         kv = np.array([st.kv_len for st in running], dtype=np.int64)
-        # Query layout of row b: pre[b] not yet cached tokens (a newly admitted request's prompt minus its last
-        # token: its prefill, merged into this pass), then the root, then the draft nodes. base = where the root goes.
-        pre = np.array([len(st.tokens) - 1 - st.kv_len for st in running], dtype=np.int64)
         base = kv + pre
         n = int((pre + counts).max())
         t_keys = int((base + counts).max())
@@ -629,13 +629,9 @@ class Engine:
             )
         if self._speculate:
             if node_probs:  # which draft rows were accepted, for the calibration of drafted probabilities
-                accepted_rows = np.zeros(len(node_probs), dtype=bool)
-                first = 0
-                for walk, tree in zip(outcomes, trees):
-                    if tree is not None:
-                        accepted_rows[[first + a - 1 for a in walk.accepted_nodes]] = True
-                        first += len(tree[0]) - 1
-                self.calibration.observe(np.asarray(node_probs), accepted_rows)
+                visited = np.zeros(tb.num_rows, dtype=bool)
+                visited[[r for walk in outcomes for r in walk.rows[1:]]] = True  # rows[0] is the root
+                self.calibration.observe(np.asarray(node_probs), visited[tb.parent >= 0])  # draft rows, row order
             if ask:  # steps that drafted: a paused step has no drafting work and would bias the fit
                 self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
             elif self._pause > 0:
