@@ -32,7 +32,9 @@ HELP = "Tokens/s of the embedded engine with HistoSpec, without, and of transfor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="model directory; default: the demo model (built on first use)")
+    parser.add_argument(
+        "--model", default=None, help="model directory or name (smollm2-135m-instruct); default: the demo model"
+    )
     parser.add_argument(
         "--demo-model",
         default="converged",
@@ -214,7 +216,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_label = args.model
-    if args.model is None:
+    if args.model is not None:
+        from sglang_histospec.models import resolve_model
+
+        args.model = resolve_model(args.model, progress=not args.json)
+    else:
         from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
 
         name = "quick" if args.quick_model else args.demo_model

@@ -25,7 +25,13 @@ ALLOW_EXTRA_ARGS = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("torch", "sglang"), default="torch", help="engine behind the API")
-    parser.add_argument("--model", "--model-path", dest="model", required=True, help="Hugging Face model directory")
+    parser.add_argument(
+        "--model",
+        "--model-path",
+        dest="model",
+        required=True,
+        help="Hugging Face model directory, or a name from `histospec model prepare`",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (beyond loopback needs an admin key)")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument(
@@ -98,13 +104,14 @@ def _run_torch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sglang_histospec.core import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.types import EngineConfig
+    from sglang_histospec.models import resolve_model
     from sglang_histospec.server.app import AppConfig, create_app
     from sglang_histospec.server.launch import run_app
     from sglang_histospec.server.torch_backend import TorchBackend, TorchBackendConfig
 
     try:
         engine_config = EngineConfig(
-            model_path=args.model,
+            model_path=resolve_model(args.model),
             device=args.device,
             dtype=args.dtype,
             max_running_requests=args.max_running_requests,
