@@ -5,7 +5,7 @@ fixed data set), scores a completion by its final ``Answer:`` line, and writes r
 phrasings for a short supervised warm-up on problems *outside* the prompt set.
 
 - ``arith``: a chain of four or five operations on a starting number, solved one step per line.
-- ``sort``: eight to ten words sorted alphabetically, numbered, then the list on the answer line.
+- ``sort``: five to seven words sorted alphabetically, numbered, then the list on the answer line.
 - ``units``: a two-stage unit conversion (hours and minutes to seconds, km and m to cm, ...), explained.
 
 Example:
@@ -167,7 +167,7 @@ class SortFamily(ChatFamily):
     name = "sort"
 
     def make(self, index: int, rng: random.Random) -> ChatPrompt:
-        words = rng.sample(WORDS, rng.randint(8, 10))
+        words = rng.sample(WORDS, rng.randint(5, 7))
         text = (
             f"Sort these words in alphabetical order: {', '.join(words)}. List them numbered, one per line, "
             "then finish with 'Answer: ' followed by the sorted words separated by commas."

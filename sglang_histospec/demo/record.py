@@ -44,25 +44,25 @@ class RecordConfig:
     """Prompts in the fixed set."""
     group_size: int = 8
     """Responses per prompt and epoch (GRPO's G)."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = 192
     """Cap on response tokens."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts."""
     learning_rate: float = 2e-5
     """AdamW learning rate of the GRPO steps."""
-    train_layers: int = 6
+    train_layers: int = 8
     """Decoder layers trained (the top ones, plus the final norm); the rest stay frozen."""
-    warmup_examples: int = 64
+    warmup_examples: int = 128
     """Reference solutions of the supervised warm-up (0 = none: the untouched instruct model)."""
-    warmup_epochs: int = 2
+    warmup_epochs: int = 3
     """Passes over the warm-up examples."""
-    warmup_lr: float = 1e-4
+    warmup_lr: float = 2e-4
     """AdamW learning rate of the warm-up."""
     micro_batch: int = 8
     """Sequences per forward/backward of a training step."""
     speculative_algorithm: str = "HISTOSPEC"
     """The engine's algorithm during rollouts ("NONE" samples the same tokens, without drafting)."""
-    max_running_requests: int = 64
+    max_running_requests: int = 128
     """Requests the engine decodes together."""
     seed: int = 0
     """Seed of the prompt set, the request seeds and torch."""
@@ -124,7 +124,7 @@ def token_logprobs(model, seqs: list[list[int]], starts: list[int]):
     for b, s in enumerate(seqs):
         ids[b, : len(s)] = torch.tensor(s)
         mask[b, : len(s)] = 1
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
+    hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # [B, L, H]
     rows = torch.cat([torch.full((len(s) - st,), b) for b, (s, st) in enumerate(zip(seqs, starts))])
     cols = torch.cat([torch.arange(st - 1, len(s) - 1) for s, st in zip(seqs, starts)])
     targets = torch.cat([torch.tensor(s[st:]) for s, st in zip(seqs, starts)])
