@@ -342,7 +342,28 @@ def record_trace(model_dir: str | os.PathLike, cfg: RecordConfig, out: str | os.
         if progress:
             print(json.dumps(asdict(stats)), flush=True)
     _concat(work, cfg.epochs, Path(out))
+    model.save_pretrained(work / "policy")  # the trained policy, e.g. for `histospec bench engine --model`
+    tok.save_pretrained(work / "policy")
     return done
+
+
+def export_policy(model_dir: str | os.PathLike, work_dir: str | os.PathLike, out: str | os.PathLike) -> str:
+    """Write the policy of a recording's last finished epoch (base model + trained layers) as an HF directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    work = Path(work_dir)
+    epochs = sorted(work.glob("epoch-*.pt"))
+    if not epochs:
+        raise ValueError(f"{work} holds no finished epoch")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in torch.load(epochs[-1], weights_only=True)["params"].items():
+            named[name].copy_(tensor)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return str(out)
 
 
 def _check_same_config(work: Path, cfg: RecordConfig) -> None:
