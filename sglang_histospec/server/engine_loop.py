@@ -73,6 +73,8 @@ class EngineLoop:
         self._pending: dict[str, _Pending] = {}
         self._stopping = False
         self._failed: str | None = None
+        self.degraded: str | None = None
+        """Why the history is not being saved (a failed snapshot or log write), or None."""
         self._dirty_since: float | None = None
         self.snapshots_written = 0
         self._thread = threading.Thread(target=self._run, name="histospec-engine", daemon=True)

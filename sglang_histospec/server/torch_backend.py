@@ -123,6 +123,13 @@ class TorchBackend:
     def is_ready(self) -> bool:
         return self.loop.is_alive()
 
+    def health_problem(self) -> str | None:
+        if self.loop.failed is not None:
+            return self.loop.failed
+        if not self.loop.is_alive():
+            return "server is shutting down"
+        return self.loop.degraded
+
     def tokenize(self, text: str) -> list[int]:
         return list(self.engine.tokenizer(text).input_ids)
 
@@ -189,6 +196,9 @@ class TorchBackend:
     async def abort(self, rids: list[str]) -> None:
         await self._call(lambda engine: [engine.abort(r) for r in rids])
 
+    async def abort_all(self) -> None:
+        await asyncio.wrap_future(self.loop.abort_all())
+
     async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
         def apply(engine: Any) -> int:
             return sum(
@@ -205,13 +215,22 @@ class TorchBackend:
         self, model_path: str, flush_cache: bool, weight_version: str | None, abort_all_requests: bool
     ) -> str:
         if not os.path.isdir(model_path):
-            raise BackendError(f"model_path: {model_path!r} is not a directory")
+            raise BackendError(f"model_path: {model_path!r} is not a directory", field="model_path")
         if abort_all_requests:
             await asyncio.wrap_future(self.loop.abort_all())
 
         def apply(engine: Any) -> str:  # on the engine thread, with no request in flight
             generated_under = _parse_step(self._weight_version)
-            engine.update_weights_from_disk(model_path, weight_version)
+            try:
+                engine.update_weights_from_disk(model_path, weight_version)
+            except ValueError:
+                raise
+            except Exception as exc:  # unreadable checkpoint (pickle, truncated file, other config): old weights stay
+                raise BackendError(
+                    f"model_path: cannot load weights from {model_path!r} ({type(exc).__name__}: {exc}); "
+                    "the current weights stay",
+                    field="model_path",
+                ) from exc
             if weight_version is not None:
                 self._weight_version = weight_version
             if flush_cache:
