@@ -142,9 +142,10 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
     @app.post("/histospec/history")
     async def push_history(body: HistoryPushBody) -> dict:
         entries = to_history_entries(body, backend.limits(), config.limits)
-        accepted = await backend.push_history(body.step, entries)
+        accepted, replaced = await backend.push_history(body.step, entries)
         counters.add("history_pushes")
-        counters.add("history_responses_pushed", accepted)
+        counters.add("history_responses_pushed", accepted - replaced)
+        counters.add("history_responses_replaced", replaced)
         return {"accepted": accepted}
 
     @app.post("/histospec/end_step")

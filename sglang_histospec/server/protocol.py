@@ -144,8 +144,10 @@ class Backend(Protocol):
         """Abort every queued or running request."""
         ...
 
-    async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
-        """Add the entries between engine steps; returns the number of responses added."""
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> tuple[int, int]:
+        """Add the entries between engine steps, durably when the backend keeps a history directory (raises
+        ``HistoryNotDurable`` if it cannot); returns (responses stored, of which replaced a prompt+step the history
+        already held)."""
         ...
 
     async def end_step(self, step: int | None) -> None:
