@@ -355,3 +355,28 @@ def test_router_auth_runs_before_the_body_and_accepts_any_scheme_case(servers) -
                 assert ok.status_code == 200, ok.text
         finally:
             router.close()
+
+
+def test_router_client_going_away_aborts_backend_work(servers) -> None:
+    import uvicorn
+
+    router = _router([servers[0].url])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(router), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        before = servers[0].client.stats()["requests_aborted"]
+        body = {"input_ids": [[1, 5, 6]] * 2, "sampling_params": {"max_new_tokens": 490, "ignore_eos": True}}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=0.5)
+        deadline = time.monotonic() + 30
+        while servers[0].client.stats()["requests_aborted"] < before + 2:
+            assert time.monotonic() < deadline, "backend work of a vanished router client kept running"
+            time.sleep(0.1)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        router.close()
