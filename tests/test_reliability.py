@@ -239,3 +239,102 @@ def test_huge_text_is_refused_before_tokenizing_and_health_stays_fast(model_dir)
         assert r.status_code == 400 and r.json()["error"]["field"] == "text"
         assert "max_text_chars" in r.json()["error"]["message"]
         assert max(latencies) < 5.0, latencies
+
+
+@pytest.mark.slow  # a two-minute soak: concurrent generate, push, weight update, a backend killed and restarted
+def test_soak_behind_the_router_every_request_answered_once(model_dir, tmp_path) -> None:
+    import uvicorn
+
+    from sglang_histospec.router.app import create_app
+    from sglang_histospec.router.router import Router, RouterConfig
+    from sglang_histospec.server.launch import free_port
+
+    soak_s = float(os.environ.get("HISTOSPEC_SOAK_S", "120"))
+    victim_port = free_port()
+    victim = _spawn(model_dir, str(tmp_path / "victim"), victim_port)
+    with ServerThread(model_dir, speculative_algorithm="NONE", history_dir=str(tmp_path / "stable")) as stable:
+        from sglang_histospec.server.client import HistoSpecClient
+
+        HistoSpecClient(f"http://127.0.0.1:{victim_port}").wait_until_ready(timeout=180)
+        router = Router(RouterConfig(backends=[stable.url, f"http://127.0.0.1:{victim_port}"], health_interval_s=0.3))
+        router.start()
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(create_app(router), host="127.0.0.1", port=port, log_level="error"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}"
+        stop = threading.Event()
+        failures: list[str] = []
+        answered: dict[str, int] = {}
+        counts = {"generate": 0, "push": 0, "weights": 0}
+        lock = threading.Lock()
+
+        def generator(k: int) -> None:
+            with httpx.Client(base_url=url, timeout=120) as c:
+                i = 0
+                while not stop.is_set():
+                    rids = [f"g{k}-{i}-{j}" for j in range(2)]
+                    body = {
+                        "input_ids": [[1, 5 + k, 9, 3 + i % 7]] * 2,
+                        "rid": rids,
+                        "sampling_params": {"max_new_tokens": 8, "n": 2, "custom_params": {"prompt_id": f"s{i % 9}"}},
+                    }
+                    r = c.post("/generate", json=body)
+                    if r.status_code != 200 or len(r.json()) != 4:
+                        failures.append(f"generate {r.status_code}: {r.text[:200]}")
+                    else:
+                        with lock:
+                            for out in r.json():
+                                answered[out["meta_info"]["id"]] = answered.get(out["meta_info"]["id"], 0) + 1
+                            counts["generate"] += 1
+                    i += 1
+
+        def pusher() -> None:
+            with httpx.Client(base_url=url, timeout=120) as c:
+                i = 0
+                while not stop.is_set():
+                    body = {"step": i, "entries": [{"prompt_id": f"s{i % 9}", "responses": [[4, 5, 6 + i % 30]]}]}
+                    r = c.post("/histospec/history", json=body)
+                    if r.status_code != 200:
+                        failures.append(f"push {r.status_code}: {r.text[:200]}")
+                    counts["push"] += 1
+                    i += 1
+                    time.sleep(0.05)
+
+        def updater() -> None:
+            with httpx.Client(base_url=url, timeout=300) as c:
+                v = 0
+                while not stop.wait(5.0):
+                    v += 1
+                    r = c.post("/update_weights_from_disk", json={"model_path": model_dir, "weight_version": str(v)})
+                    if r.status_code != 200:
+                        failures.append(f"weights {r.status_code}: {r.text[:200]}")
+                    counts["weights"] += 1
+
+        workers = [threading.Thread(target=generator, args=(k,)) for k in range(3)]
+        workers += [threading.Thread(target=pusher), threading.Thread(target=updater)]
+        for w in workers:
+            w.start()
+        try:
+            time.sleep(soak_s / 3)
+            victim.kill()  # kill -9 mid-traffic, then restart on the same port
+            victim.wait(30)
+            victim = _spawn(model_dir, str(tmp_path / "victim"), victim_port)
+            time.sleep(soak_s * 2 / 3)
+        finally:
+            stop.set()
+            for w in workers:
+                w.join(300)
+            server.should_exit = True
+            thread.join(30)
+            router.close()
+            victim.kill()
+            victim.wait(30)
+        assert not failures, failures[:5]
+        assert counts["generate"] > 10 and counts["push"] > 10 and counts["weights"] >= 2, counts
+        assert all(v == 1 for v in answered.values()), "a request was answered twice"
+        assert len(answered) == 4 * counts["generate"]
+        backends = router.stats()["backends"]
+        assert backends[1]["healthy"] and backends[1].get("weight_resyncs", 0) >= 1, backends

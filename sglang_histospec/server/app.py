@@ -141,7 +141,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
 
     @app.post("/histospec/history")
     async def push_history(body: HistoryPushBody) -> dict:
-        entries = to_history_entries(body, backend.limits(), config.limits)
+        entries = await asyncio.to_thread(to_history_entries, body, backend.limits(), config.limits)
         accepted, replaced = await backend.push_history(body.step, entries)
         counters.add("history_pushes")
         counters.add("history_responses_pushed", accepted - replaced)
