@@ -380,3 +380,29 @@ def test_router_client_going_away_aborts_backend_work(servers) -> None:
         server.should_exit = True
         thread.join(30)
         router.close()
+
+
+def test_router_shutdown_fails_running_calls_at_once(servers) -> None:
+    from sglang_histospec.router.router import RouterError
+
+    router = _router([servers[0].url])
+    got: list = []
+
+    def run() -> None:
+        body = {"input_ids": [1, 5, 6], "sampling_params": {"max_new_tokens": 490, "ignore_eos": True}}
+        try:
+            got.append(router.generate(body))
+        except RouterError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while router.backends[0].outstanding <= 0:
+        assert time.monotonic() < deadline and t.is_alive()
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    router.begin_shutdown()  # what SIGTERM calls
+    t.join(30)
+    router.close()
+    assert time.monotonic() - t0 < 10 and isinstance(got[0], RouterError) and got[0].status == 503, got
