@@ -343,11 +343,12 @@ class Router:
                 continue
 
     # ---- history and admin fan-out -----------------------------------------------------------------------
-    def push_history(self, body: HistoryPushBody | int, entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def push_history(self, body: HistoryPushBody | dict[str, Any]) -> dict[str, Any]:
         """Validate a history push as a server would, send it to every healthy backend, and only then let the
-        lengths feed the predictor (a push the backends refuse changes nothing here)."""
+        lengths feed the predictor (a push the backends refuse changes nothing here).
+        Example: ``router.push_history({"step": 3, "entries": [{"prompt_id": "p0", "responses": [[5, 9]]}]})``."""
         if not isinstance(body, HistoryPushBody):
-            body = HistoryPushBody.model_validate({"step": body, "entries": entries})
+            body = HistoryPushBody.model_validate(body)
         checked = to_history_entries(body, self.model_limits(), self.config.limits)
         answers = self._fan_out("/histospec/history", body.model_dump(exclude_unset=True))
         with self._lock:
