@@ -55,3 +55,19 @@ def test_buckets_by_batch_size_are_independent():
 def test_bad_config_is_a_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GovernorConfig(**kwargs)
+
+
+def test_a_drafting_probe_that_drafted_nothing_is_repeated():
+    g = SpecGovernor()
+    run(g, 100, 4, spec_rate=50.0, plain_rate=100.0)  # plain wins
+    while not g.use_spec(4):  # wait for the next probe of drafting
+        g.observe(4, False, 4, 0.04)
+    g.observe(4, False, 4, 0.04)  # ... but the step drafted nothing (e.g. no history matched)
+    assert g.use_spec(4)  # so the probe comes again at once
+
+
+def test_new_history_makes_drafting_be_measured_again():
+    g = SpecGovernor()
+    run(g, 200, 4, spec_rate=50.0, plain_rate=100.0)  # no history yet: plain wins
+    g.forget_drafting()  # the drafter closed a step
+    assert all(g.use_spec(4) for _ in range(3))  # drafting gets min_samples steps again at once

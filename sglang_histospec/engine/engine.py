@@ -166,6 +166,7 @@ class Engine:
         self._draft_s = 0.0  # decayed mean host time of a step's drafting work (seconds), saved by a paused step
         self._cut = self._speculate and config.draft_selection == "cost"
         self.governor = SpecGovernor(config.governor) if self._cut else None
+        self._history_step = getattr(self.drafter, "open_step", None)
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
@@ -441,6 +442,11 @@ class Engine:
         running = self._running
         if not self._speculate or self._pause > 0:
             return [0] * len(running)
+        if self.governor is not None:
+            step = getattr(self.drafter, "open_step", None)
+            if step != self._history_step:  # new history: whether drafting pays is measured anew
+                self._history_step = step
+                self.governor.forget_drafting()
         if self.governor is not None and not self.governor.use_spec(len(running)):
             return [0] * len(running)
         rids = [st.req.rid for st in running]

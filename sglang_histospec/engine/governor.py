@@ -5,7 +5,8 @@ be wrong (host work it does not model, a noisy machine, a cold history). The gov
 size bucket (``bsz.bit_length()``) it keeps a decayed mean of the tokens per second of steps that drafted and of
 steps that did not, and lets a step draft only while drafting steps are measured at least as fast. The losing mode
 is probed now and then, so either side can win back: plain steps every ``probe_every`` drafting steps, drafting
-steps after ``probe_every`` plain steps, the interval doubling (up to ``max_probe_interval``) while probes lose.
+steps after ``probe_every`` plain steps, the interval doubling (up to ``max_probe_interval``) while probes lose. A
+probe of drafting that did not draft (nothing matched, or the cut kept no node) is repeated at the next step.
 
 Example::
 
@@ -29,7 +30,7 @@ class GovernorConfig:
     """Weight of the old mean in each update of a decayed mean (per observed step)."""
     probe_every: int = 16
     """Steps of the winning mode between two probes of the losing one (the first interval)."""
-    max_probe_interval: int = 256
+    max_probe_interval: int = 64
     """Longest interval between probes of drafting while plain steps keep winning."""
 
     def __post_init__(self) -> None:
@@ -49,6 +50,7 @@ class _Bucket:
     count: list[int] = field(default_factory=lambda: [0, 0])  # steps observed per mode
     since_probe: int = 0  # winner steps since the last probe of the loser
     interval: int = 0  # current probe interval (0 = not yet set)
+    probing: bool = False  # the last decision was a probe of drafting, not yet observed as a drafting step
     steps: int = 0  # observed steps in this bucket
     last: list[int] = field(default_factory=lambda: [0, 0])  # step count at each mode's last observation
 
@@ -74,7 +76,7 @@ class SpecGovernor:
         if b.interval == 0:
             b.interval = self.cfg.probe_every
         b.since_probe += 1
-        probe = b.since_probe >= b.interval
+        probe = b.since_probe >= b.interval or (b.probing and not spec_wins)  # a probe that did not draft: again
         if probe:
             b.since_probe = 0
             self.stats["probes"] += 1
@@ -83,8 +85,15 @@ class SpecGovernor:
         if spec_wins:
             b.interval = self.cfg.probe_every
         use = spec_wins != probe
+        b.probing = use and not spec_wins
         self.stats["governed_plain_steps"] += not use
         return use
+
+    def forget_drafting(self) -> None:
+        """Re-measure drafting from scratch in every bucket (call when the history changed: a new step's drafts
+        may pay where the last step's did not)."""
+        for b in self._buckets.values():
+            b.count[1], b.rate[1], b.interval, b.since_probe, b.probing = 0, 0.0, 0, 0, False
 
     def observe(self, bsz: int, drafted: bool, tokens: int, seconds: float) -> None:
         """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""
@@ -99,6 +108,8 @@ class SpecGovernor:
         b.rate[mode] = keep * b.rate[mode] + (1.0 - keep) * rate
         b.count[mode] += 1
         b.last[mode] = b.steps
+        if drafted:
+            b.probing = False
 
     def rates(self) -> dict[int, tuple[float, float]]:
         """``{bucket: (plain tokens/s, drafting tokens/s)}`` as measured so far."""
