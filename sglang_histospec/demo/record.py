@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sglang_histospec.demo.chat_tasks import ChatFamily, make_family
-from sglang_histospec.demo.rollouts import request_seed
+from sglang_histospec.demo.rollouts import epoch_requests
 
 
 @dataclass(frozen=True)
@@ -188,32 +188,13 @@ def warmup(model, tokenizer, family: ChatFamily, cfg: RecordConfig, progress: bo
     bar.close()
 
 
-def _requests(family: ChatFamily, prompt_ids: dict[str, list[int]], cfg: RecordConfig, epoch: int):
-    from sglang_histospec.engine import GenerateRequest, SamplingParams
-
-    return [
-        GenerateRequest(
-            rid=f"e{epoch}-{p.prompt_id}-{k}",
-            input_ids=prompt_ids[p.prompt_id],
-            sampling=SamplingParams(
-                temperature=cfg.temperature,
-                max_new_tokens=cfg.max_new_tokens,
-                seed=request_seed(cfg.seed, epoch, p.prompt_id, k),
-            ),
-            prompt_id=p.prompt_id,
-            return_logprob=True,
-        )
-        for p in family.prompts
-        for k in range(cfg.group_size)
-    ]
-
-
 def rollout_epoch(engine, family: ChatFamily, prompt_ids: dict[str, list[int]], cfg: RecordConfig, epoch: int,
                   progress: bool) -> tuple[list[dict], dict]:  # fmt: skip
     """Sample one epoch; returns the trace records (as dicts) and the engine-stat deltas plus the summed NLL."""
     from tqdm.auto import tqdm
 
-    requests = _requests(family, prompt_ids, cfg, epoch)
+    pairs = [(p.prompt_id, prompt_ids[p.prompt_id]) for p in family.prompts]
+    requests = epoch_requests(pairs, cfg.group_size, cfg.temperature, cfg.max_new_tokens, cfg.seed, epoch, True)
     before = engine.stats()
     for r in requests:
         engine.add_request(r)

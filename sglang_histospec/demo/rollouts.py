@@ -89,6 +89,27 @@ def request_seed(seed: int, epoch: int, prompt_id: str, sample: int) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
+def epoch_requests(prompts: list[tuple[str, list[int]]], group_size: int, temperature: float, max_new_tokens: int,
+                   seed: int, epoch: int, return_logprob: bool = False) -> list:  # fmt: skip
+    """One epoch's requests: ``group_size`` samples of every (prompt id, token ids), rid ``e{epoch}-{pid}-{k}``,
+    each seeded by ``request_seed(seed, epoch, pid, k)``."""
+    from sglang_histospec.engine import GenerateRequest, SamplingParams
+
+    return [
+        GenerateRequest(
+            rid=f"e{epoch}-{pid}-{k}",
+            input_ids=ids,
+            sampling=SamplingParams(
+                temperature=temperature, max_new_tokens=max_new_tokens, seed=request_seed(seed, epoch, pid, k)
+            ),
+            prompt_id=pid,
+            return_logprob=return_logprob,
+        )
+        for pid, ids in prompts
+        for k in range(group_size)
+    ]
+
+
 def sample_epochs(
     model_dir: str | os.PathLike,
     task: ArithTask,
@@ -104,7 +125,7 @@ def sample_epochs(
     from tqdm.auto import tqdm
 
     from sglang_histospec.core.trace import TraceRecord, TraceWriter
-    from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
+    from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
 
     prompts = task.prompts[: config.num_prompts] if config.num_prompts else task.prompts
@@ -126,20 +147,14 @@ def sample_epochs(
     out: list[EpochStats] = []
     try:
         for epoch in range(config.epochs):
-            requests = [
-                GenerateRequest(
-                    rid=f"e{epoch}-{p.prompt_id}-{k}",
-                    input_ids=prompt_ids[p.prompt_id],
-                    sampling=SamplingParams(
-                        temperature=config.temperature,
-                        max_new_tokens=config.max_new_tokens,
-                        seed=request_seed(config.seed, epoch, p.prompt_id, k),
-                    ),
-                    prompt_id=p.prompt_id,
-                )
-                for p in prompts
-                for k in range(config.group_size)
-            ]
+            requests = epoch_requests(
+                [(p.prompt_id, prompt_ids[p.prompt_id]) for p in prompts],
+                config.group_size,
+                config.temperature,
+                config.max_new_tokens,
+                config.seed,
+                epoch,
+            )
             before = engine.stats()
             start = time.perf_counter()
             for r in requests:
