@@ -1,8 +1,8 @@
 """The HTTP API (design.md section 6) over any ``Backend``: FastAPI routes, validation, auth, errors; no torch.
 
-Routes: ``POST /generate`` (SGLang's native shapes), ``POST /histospec/history``, ``POST /histospec/end_step``,
+Routes: ``POST /generate`` (SGLang's native shapes), ``POST /abort_request`` (SGLang's), ``POST /histospec/history``, ``POST /histospec/end_step``,
 ``GET /histospec/stats``, ``GET /metrics``, ``GET /health``, ``GET /get_model_info`` (also ``/model_info``),
-``POST /update_weights_from_disk``, ``POST|GET /flush_cache``. With an admin key, the history, end_step, weight and
+``POST /update_weights_from_disk``, ``POST|GET /flush_cache``. With an admin key, the abort, history, end_step, weight and
 flush routes need ``Authorization: Bearer KEY``. Every bad input gets a 4xx with
 ``{"error": {"message": "<field>: <what is wrong>", "field": "<field>"}}`` and changes nothing.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sglang_histospec.server.metrics import ServerCounters, prometheus_text
 from sglang_histospec.server.protocol import Backend, BackendError, GenerationInput, GenerationOutput
 from sglang_histospec.server.schemas import (
+    AbortBody,
     CustomParams,
     EndStepBody,
     FieldError,
@@ -46,6 +48,7 @@ from sglang_histospec.server.schemas import (
 logger = logging.getLogger(__name__)
 
 _MODELS = (
+    AbortBody,
     GenerateBody,
     SamplingParamsBody,
     CustomParams,
@@ -223,6 +226,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Response:
+        received = time.time()
         limits = backend.limits()
         inputs = to_generation_inputs(body, limits, backend.tokenize if limits.has_tokenizer else None)
         for item in inputs:
@@ -246,7 +250,18 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
                 finish_type=str(out.finish_reason.get("type")),
             )
         items = [_sglang_item(o, r, body.return_text_in_logprobs, backend) for o, r in zip(outputs, inputs)]
+        answered = time.time()
+        for item in items:  # wall clock of this server (HistoPipe measures busy time from it)
+            item["meta_info"]["server_received"], item["meta_info"]["server_answered"] = received, answered
         return JSONResponse(items if is_batch(body) or len(items) > 1 else items[0])
+
+    @app.post("/abort_request", dependencies=admin)
+    async def abort_request(body: AbortBody) -> dict:
+        """SGLang's abort route: the aborted request's /generate answers with its tokens so far (finish abort)."""
+        if body.abort_all or not body.rid:
+            raise FieldError("rid", "give the id of the request to abort (abort_all is not supported)")
+        await backend.abort([body.rid])
+        return {"success": True}
 
     @app.post("/histospec/history", dependencies=admin)
     async def push_history(body: HistoryPushBody) -> dict:
