@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_histospec.core.costmodel import CostModel
@@ -338,3 +338,70 @@ def outlier_threshold(estimate: LengthEstimate, config: PlannerConfig) -> float:
 def in_tail(unfinished: int, total: int, config: PlannerConfig) -> bool:
     """True once at most ``tail_fraction`` of the step's ``total`` requests are unfinished."""
     return total > 0 and unfinished <= config.tail_fraction * total
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where an RL framework's rollout manager should send a step's requests (:func:`plan`)."""
+
+    workers: list[list[tuple[str, int]]]
+    """Per worker, ``(prompt_id, sample index)`` in the order to start them."""
+    predicted_finish: list[float]
+    """Per worker, predicted seconds until its share is done (backlog included)."""
+    plan: StepPlan
+    """The planner's full answer (group indices instead of prompt ids, predicted lengths, splits)."""
+
+    def worker_of(self) -> dict[tuple[str, int], int]:
+        """Map ``(prompt_id, sample) -> worker``."""
+        return {req: w for w, reqs in enumerate(self.workers) for req in reqs}
+
+
+def plan(
+    step: int,
+    prompts: Sequence[Group | tuple[str, int] | tuple[str, int, int]],
+    workers: int,
+    history: LengthPredictor | Mapping[str, Sequence[int]],
+    config: PlannerConfig | None = None,
+    cost: CostModel | None = None,
+    backlog: Sequence[float] | None = None,
+) -> Placement:
+    """Place one step's requests on ``workers`` rollout workers without the router (for verl, slime, AReaL...).
+
+    ``prompts``: per prompt ``Group`` or ``(prompt_id, samples[, prompt_len])``, each prompt id once.
+    ``history``: a :class:`LengthPredictor` kept across steps (feed it with ``add(prompt_id, step, lengths)``)
+    or a plain ``{prompt_id: [response lengths seen before]}``. ``backlog``: per worker, seconds of work still
+    queued from the previous step (one-step overlap). Example::
+
+        placement = plan(3, [("a", 2), ("b", 2)], workers=2, history={"a": [900, 1000], "b": [100]})
+        placement.workers   # [[("a", 1)], [("a", 0), ("b", 0), ("b", 1)]]: the long group split
+    """
+    groups = [_as_group(p) for p in prompts]
+    if not groups:
+        raise ValueError("prompts is empty: give at least one (prompt_id, samples)")
+    ids = [g.prompt_id for g in groups]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"prompts: prompt ids must be distinct, {sorted({i for i in ids if ids.count(i) > 1})[:5]}")
+    if not (isinstance(step, int) and step >= 0):
+        raise ValueError(f"step={step!r}: must be an int >= 0")
+    predictor = history if isinstance(history, LengthPredictor) else _predictor_from(history, step)
+    step_plan = Planner(cost, config).plan(step, groups, workers, predictor, backlog=backlog)
+    placed = [[(groups[g].prompt_id, s) for g, s in reqs] for reqs in step_plan.workers]
+    return Placement(placed, list(step_plan.predicted_finish), step_plan)
+
+
+def _as_group(p: object) -> Group:
+    if isinstance(p, Group):
+        return p
+    if isinstance(p, tuple) and len(p) in (2, 3) and isinstance(p[0], str):
+        return Group(*p)  # type: ignore[arg-type]
+    raise ValueError(f"prompt {p!r}: give a Group or (prompt_id: str, samples: int[, prompt_len: int])")
+
+
+def _predictor_from(history: Mapping[str, Sequence[int]], step: int) -> LengthPredictor:
+    """A predictor holding ``history`` as one earlier visit per prompt."""
+    if not isinstance(history, Mapping):
+        raise ValueError(f"history is a {type(history).__name__}: give a LengthPredictor or {{prompt_id: [lengths]}}")
+    predictor = LengthPredictor()
+    for pid, lengths in history.items():
+        predictor.add(pid, max(0, step - 1), list(lengths))
+    return predictor
