@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from sglang_histospec.core.lengths import LengthEstimate
 from sglang_histospec.core.migration import InFlight, decode_rate, pick_migrations
 from sglang_histospec.core.planner import PlannerConfig
-from sglang_histospec.router.router import Router, RouterConfig
+from sglang_histospec.router.router import Router, RouterConfig, RouterError
 from sglang_histospec.server.launch import free_port
 from tests.server_harness import ServerThread, shared_tiny_model_dir
 
@@ -207,3 +207,17 @@ def test_abort_and_seed_offset_validation(engine_servers, route, body, field):
 def test_abort_of_an_unknown_request_is_harmless(engine_servers):
     http = engine_servers[0].client._http
     assert http.post("/abort_request", json={"rid": "nobody"}).json() == {"success": True}
+
+
+def test_run_step_item_params_merge_per_request(stall_servers):
+    router = Router(RouterConfig(backends=[s.url for s in stall_servers]))
+    router.start()
+    try:
+        prompts = [("a", [1, 2]), ("b", [3])]
+        params = [{"sampling_seed": 10 + i, "max_new_tokens": 2 + i} for i in range(4)]
+        out = router.run_step(0, prompts, 2, {"max_new_tokens": 9}, item_params=params)
+        assert [o["output_ids"] for o in out] == [[_token(10 + i, j) for j in range(2 + i)] for i in range(4)]
+        with pytest.raises(RouterError, match="item_params"):
+            router.run_step(1, prompts, 2, {}, item_params=params[:3])
+    finally:
+        router.close()

@@ -166,3 +166,29 @@ def test_cli_bench_pipe_json(capsys) -> None:  # noqa: ANN001
     assert rows == {(p, o) for p in (*POLICIES, "histopipe-oracle") for o in (False, True)}
     assert all(r["makespan"] >= r["lower_bound"] > 0 for r in out["results"])
     assert "histopipe_sync_idle" in out["summary"]["2"]
+
+
+# ---- measured timelines (core/timeline.py) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("intervals", "length"),
+    [([], 0.0), ([(0, 2), (1, 3), (5, 6)], 4.0), ([(0, 5), (1, 2)], 5.0), ([(1, 1)], 0.0), ([(2, 3), (0, 1)], 2.0)],
+)
+def test_busy_length_is_the_union(intervals, length):
+    from sglang_histospec.core.timeline import busy_length
+
+    assert busy_length(intervals) == length
+
+
+def test_measure_step_example_and_validation():
+    from sglang_histospec.core.timeline import StepTimes, measure_step
+
+    got = measure_step({0: [(0.0, 4.0), (1.0, 2.0)], 1: [(0.0, 1.0), (3.0, 4.0)]}, workers=2)
+    assert got == StepTimes(0.0, 4.0, 4.0, 6.0, 2.0)
+    assert measure_step({0: [(1.0, 3.0)]}, workers=3).idle_s == 4.0  # two workers with nothing: idle all along
+    for by_worker, workers, match in [
+        ({}, 1, "no request"),
+        ({2: [(0, 1)]}, 2, "outside"),
+        ({0: [(2, 1)]}, 1, "start"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            measure_step(by_worker, workers)

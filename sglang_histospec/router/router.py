@@ -193,10 +193,13 @@ class Router:
         group_size: int,
         sampling_params: dict[str, Any] | None = None,
         return_logprob: bool = False,
+        item_params: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         """Generate ``group_size`` samples of every prompt; answers in request order (prompt i, sample j at i*G+j).
 
-        Each answer is the backend's SGLang item plus ``meta_info.histopipe`` = ``{"backend", "attempts"}``.
+        ``item_params``: per request (index i*G+j), sampling params merged over ``sampling_params`` (e.g. one
+        seed per sample). Each answer is the backend's SGLang item plus ``meta_info.histopipe`` =
+        ``{"backend", "attempts", ...}``.
         """
         if not isinstance(group_size, int) or group_size < 1:
             raise RouterError(400, f"group_size={group_size!r}: must be an int >= 1")
@@ -208,10 +211,14 @@ class Router:
         groups = [Group(pid, group_size, len(ids)) for pid, ids in prompts]
         with self._lock:
             plan = self.planner.plan(step, groups, len(live), self.predictor)
+        if item_params is not None and len(item_params) != len(prompts) * group_size:
+            raise RouterError(
+                400, f"item_params has {len(item_params)} entries for {len(prompts) * group_size} requests"
+            )
         items: list[dict[str, Any]] = []
         for pid, ids in prompts:
             for _ in range(group_size):
-                sp = dict(sampling_params or {})
+                sp = {**(sampling_params or {}), **(item_params[len(items)] if item_params is not None else {})}
                 sp["custom_params"] = {**sp.get("custom_params", {}), "prompt_id": pid}
                 items.append({"input_ids": list(ids), "sampling_params": sp, "return_logprob": return_logprob})
         placement = {
