@@ -292,6 +292,15 @@ def test_plan_call_rejects_bad_input(args: tuple, match: str) -> None:
         plan(*args)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_deferrals", 0), ("max_deferrals", 1.5), ("defer_step_factor", 0.0), ("defer_step_factor", -1.0)],
+)
+def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        PlannerConfig(**{field: value})
+
+
 def test_plan_call_docstring_example() -> None:
     placement = plan(3, [("a", 2), ("b", 2)], workers=2, history={"a": [900, 1000], "b": [100]})
     assert placement.workers == [[("a", 1)], [("a", 0), ("b", 0), ("b", 1)]]

@@ -59,6 +59,13 @@ class PlannerConfig:
     """A request is an outlier once it has emitted more than this times its predicted mean (and its p90)."""
     tail_fraction: float = 0.10
     """Outliers are acted on only while at most this share of the step's requests is unfinished."""
+    max_deferrals: int = 1
+    """With one-step overlap: how many times one outlier may be deferred to the next step. Each deferral lets
+    its step complete without it, and the response then spans one more weight version (1 = one step off-policy)."""
+    defer_step_factor: float | None = None
+    """With one-step overlap: in the tail, also defer a request that has emitted more than this times the step's
+    mean predicted length, even when its own history predicted it long (a straggler the step need not wait
+    for); None = judge each request against its own prompt's history only."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -71,6 +78,10 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig.search_iters={self.search_iters!r}: must be an int >= 0")
         if not self.outlier_factor >= 1.0:
             raise ValueError(f"PlannerConfig.outlier_factor={self.outlier_factor!r}: must be >= 1")
+        if self.defer_step_factor is not None and not self.defer_step_factor > 0:
+            raise ValueError(f"PlannerConfig.defer_step_factor={self.defer_step_factor!r}: must be > 0 or None")
+        if not (isinstance(self.max_deferrals, int) and self.max_deferrals >= 1):
+            raise ValueError(f"PlannerConfig.max_deferrals={self.max_deferrals!r}: must be an int >= 1")
         if not 0.0 <= self.tail_fraction <= 1.0:
             raise ValueError(f"PlannerConfig.tail_fraction={self.tail_fraction!r}: must be in [0, 1]")
 
@@ -93,6 +104,16 @@ class StepPlan:
     def worker_of(self) -> dict[tuple[int, int], int]:
         """Map ``(group, sample) -> worker``."""
         return {req: w for w, reqs in enumerate(self.workers) for req in reqs}
+
+    def mean_predicted(self) -> float:
+        """Mean predicted length over the step's requests (each group counts its samples)."""
+        sizes = [len(reqs) for reqs in self.workers]
+        counts: dict[int, int] = {}
+        for reqs in self.workers:
+            for g, _ in reqs:
+                counts[g] = counts.get(g, 0) + 1
+        total = sum(sizes)
+        return sum(self.predicted_lengths[g] * n for g, n in counts.items()) / total if total else 0.0
 
     def check(self, groups: Sequence[Group]) -> str | None:
         """Describe the first broken invariant (a request missing, duplicated or unknown), or None."""

@@ -10,7 +10,8 @@ the least outstanding predicted work.
 
 Outlier migration (``migrate_outliers``, on by default): requests then go out as one /generate call each, and
 while a step is in its tail the dispatcher applies the simulator's rule (core/migration.py) every
-``outlier_check_s``: a request estimated far past its prompt's history is aborted on its backend (SGLang's
+``outlier_check_s``: a request estimated far past its prompt's history (tokens emitted = time since it joined its
+backend's batch, counting the cost model's ``max_running`` as the batch cap, x the step's decode rate) is aborted on its backend (SGLang's
 ``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
 to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
 seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
@@ -436,6 +437,7 @@ class _Flight:
     backend: int
     rid: str
     started: float
+    decoding: float | None = None  # when it is believed to have joined its backend's batch (None: still queued)
     attempts: int = 1
     moved: bool = False
     target: int | None = None  # set while an abort for migration is under way
@@ -456,6 +458,8 @@ class _Flights:
         self.running: dict[Future, int] = {}
         self.rates: list[tuple[int, float]] = []
         self.tag = uuid.uuid4().hex[:12]
+        self.order: dict[int, list[int]] = {}  # per backend, its requests in flight in submission order
+        self.cap = router.planner.cost.config.max_running
 
     def run(self, placement: dict[int, list[int]]) -> list[dict[str, Any]]:
         for b, idx in placement.items():
@@ -475,18 +479,30 @@ class _Flights:
         if f is None:
             f = self.flights[i] = _Flight(b, item.get("rid") or f"hp-{self.tag}-{i}", time.monotonic())
         else:
-            f.backend, f.started, f.attempts = b, time.monotonic(), f.attempts + 1
+            f.backend, f.started, f.decoding, f.attempts = b, time.monotonic(), None, f.attempts + 1
             f.rid = f"{f.rid.split('~')[0]}~{f.attempts}"
         with self.router._lock:
             backend.outstanding += self.predicted[i]
         body = {**item, "rid": f.rid}
         self.running[self.router._calls.submit(self.router._post, backend, [body])] = i
+        self.order.setdefault(b, []).append(i)
+        self._admit(b)
+
+    def _admit(self, b: int) -> None:
+        """A backend runs its first ``max_running`` requests (the cost model's batch cap) and queues the rest: mark
+        when each joins the batch, so the time a request waited in the queue is not taken for decoding."""
+        now = time.monotonic()
+        for i in self.order.get(b, [])[: self.cap]:
+            if self.flights[i].decoding is None:
+                self.flights[i].decoding = now
 
     def _landed(self, i: int, fut: Future) -> None:
         f = self.flights[i]
         backend = self.router.backends[f.backend]
         with self.router._lock:
             backend.outstanding -= self.predicted[i]
+        self.order[f.backend].remove(i)
+        self._admit(f.backend)
         try:
             [out] = fut.result()
         except _BackendDown:
@@ -506,7 +522,7 @@ class _Flights:
             self._migrate(i, f, out)
             return
         f.target = None  # it finished before the abort landed: nothing to migrate
-        self.rates.append((_completion_tokens(out), time.monotonic() - f.started))
+        self.rates.append((_completion_tokens(out), time.monotonic() - (f.decoding or f.started)))
         assert self.results[i] is None, "a request was answered twice"
         self.results[i] = self._join(f, out)
         backend.count("requests")
@@ -560,9 +576,9 @@ class _Flights:
         if not idle:
             return
         now = time.monotonic()
-        pending = [i for i in self.flights if self.results[i] is None and self.flights[i].target is None]
+        pending = [i for i, f in self.flights.items() if self.results[i] is None and f.target is None and f.decoding]
         flights = [
-            InFlight(i, f.backend, now - f.started, len((f.head or {}).get("output_ids") or []), self.estimates[i],
+            InFlight(i, f.backend, now - f.decoding, len((f.head or {}).get("output_ids") or []), self.estimates[i],
                      f.moved)
             for i, f in ((i, self.flights[i]) for i in pending)
         ]  # fmt: skip
