@@ -73,6 +73,7 @@ class StallServer:
         self.delay_s, self.stall_after = delay_s, stall_after
         self.aborted: set[str] = set()
         self.calls: list[str] = []
+        self.active = self.peak = 0
         app = FastAPI()
 
         @app.get("/health")
@@ -99,6 +100,14 @@ class StallServer:
     async def _one(self, body: dict, k: int) -> dict:
         rid, sp = body["rid"][k], body["sampling_params"][k]
         self.calls.append(rid)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await self._emit(body, k, rid, sp)
+        finally:
+            self.active -= 1
+
+    async def _emit(self, body: dict, k: int, rid: str, sp: dict) -> dict:
         custom = sp.get("custom_params") or {}
         offset, seed = int(custom.get("seed_offset") or 0), sp["sampling_seed"]
         stalls = custom.get("prompt_id") == "stall" and offset == 0
@@ -219,5 +228,22 @@ def test_run_step_item_params_merge_per_request(stall_servers):
         assert [o["output_ids"] for o in out] == [[_token(10 + i, j) for j in range(2 + i)] for i in range(4)]
         with pytest.raises(RouterError, match="item_params"):
             router.run_step(1, prompts, 2, {}, item_params=params[:3])
+    finally:
+        router.close()
+
+
+def test_router_keeps_at_most_max_running_in_flight_per_backend_in_plan_order(stall_servers):
+    from sglang_histospec.core.costmodel import CostModel, CostModelConfig
+
+    router = Router(RouterConfig(backends=[stall_servers[0].url]), CostModel(CostModelConfig(max_running=2)))
+    router.start()
+    try:
+        router.predictor.add("long", 0, [12])
+        router.predictor.add("short", 0, [2])
+        prompts = [("short", [1]), ("long", [2]), ("mid", [3])]
+        out = router.run_step(1, prompts, 2, {"max_new_tokens": 6, "sampling_seed": 3})
+        assert len(out) == 6 and stall_servers[0].peak == 2
+        sent = [int(rid.split("-")[-1]) for rid in stall_servers[0].calls]
+        assert sent[:2] == [2, 3]  # longest predicted first (plan order), the rest held back until slots free up
     finally:
         router.close()

@@ -10,8 +10,9 @@ the least outstanding predicted work.
 
 Outlier migration (``migrate_outliers``, on by default): requests then go out as one /generate call each, and
 while a step is in its tail the dispatcher applies the simulator's rule (core/migration.py) every
-``outlier_check_s``: a request estimated far past its prompt's history (tokens emitted = time since it joined its
-backend's batch, counting the cost model's ``max_running`` as the batch cap, x the step's decode rate) is aborted on its backend (SGLang's
+``outlier_check_s``: a request estimated far past its prompt's history (tokens emitted = time since it was sent x
+the step's decode rate; the router keeps at most the cost model's ``max_running`` requests in flight per
+backend and sends the rest in plan order as slots free up, so none waits in a backend's queue) is aborted on its backend (SGLang's
 ``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
 to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
 seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
@@ -24,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -437,7 +439,8 @@ class _Flight:
     backend: int
     rid: str
     started: float
-    decoding: float | None = None  # when it is believed to have joined its backend's batch (None: still queued)
+    decoding: float | None = None  # when it was sent (it joins its backend's batch at once; None: held back)
+    body: dict[str, Any] = field(default_factory=dict)  # the item of its current submission
     attempts: int = 1
     moved: bool = False
     target: int | None = None  # set while an abort for migration is under way
@@ -458,7 +461,8 @@ class _Flights:
         self.running: dict[Future, int] = {}
         self.rates: list[tuple[int, float]] = []
         self.tag = uuid.uuid4().hex[:12]
-        self.order: dict[int, list[int]] = {}  # per backend, its requests in flight in submission order
+        self.held: dict[int, deque[int]] = {}  # per backend, requests not sent yet, in plan order
+        self.inflight: dict[int, int] = {}
         self.cap = router.planner.cost.config.max_running
 
     def run(self, placement: dict[int, list[int]]) -> list[dict[str, Any]]:
@@ -483,26 +487,28 @@ class _Flights:
             f.rid = f"{f.rid.split('~')[0]}~{f.attempts}"
         with self.router._lock:
             backend.outstanding += self.predicted[i]
-        body = {**item, "rid": f.rid}
-        self.running[self.router._calls.submit(self.router._post, backend, [body])] = i
-        self.order.setdefault(b, []).append(i)
-        self._admit(b)
+        f.body = {**item, "rid": f.rid}
+        self.held.setdefault(b, deque()).append(i)
+        self._pump(b)
 
-    def _admit(self, b: int) -> None:
-        """A backend runs its first ``max_running`` requests (the cost model's batch cap) and queues the rest: mark
-        when each joins the batch, so the time a request waited in the queue is not taken for decoding."""
-        now = time.monotonic()
-        for i in self.order.get(b, [])[: self.cap]:
-            if self.flights[i].decoding is None:
-                self.flights[i].decoding = now
+    def _pump(self, b: int) -> None:
+        """Send backend ``b``'s held requests, in plan order, while it runs fewer than ``max_running`` (the cost
+        model's batch cap): the backend never queues, so a request decodes from the moment it is sent."""
+        held = self.held.get(b) or deque()
+        while held and self.inflight.get(b, 0) < self.cap:
+            i = held.popleft()
+            f = self.flights[i]
+            f.decoding = time.monotonic()
+            self.inflight[b] = self.inflight.get(b, 0) + 1
+            self.running[self.router._calls.submit(self.router._post, self.router.backends[b], [f.body])] = i
 
     def _landed(self, i: int, fut: Future) -> None:
         f = self.flights[i]
         backend = self.router.backends[f.backend]
         with self.router._lock:
             backend.outstanding -= self.predicted[i]
-        self.order[f.backend].remove(i)
-        self._admit(f.backend)
+        self.inflight[f.backend] -= 1
+        self._pump(f.backend)
         try:
             [out] = fut.result()
         except _BackendDown:
@@ -570,13 +576,14 @@ class _Flights:
     def _scan(self) -> None:
         """Abort the outliers the migration rule picks (their answers come back through ``_landed``)."""
         live = [b for b, backend in enumerate(self.router.backends) if backend.healthy]
-        busy = {f.backend for i, f in self.flights.items() if self.results[i] is None}
+        busy = {b for b, n in self.inflight.items() if n > 0} | {b for b, q in self.held.items() if q}
         busy |= {f.target for f in self.flights.values() if f.target is not None}
         idle = [b for b in live if b not in busy]
         if not idle:
             return
         now = time.monotonic()
         pending = [i for i, f in self.flights.items() if self.results[i] is None and f.target is None and f.decoding]
+        pending = [i for i in pending if i not in self.held.get(self.flights[i].backend, ())]
         flights = [
             InFlight(i, f.backend, now - f.decoding, len((f.head or {}).get("output_ids") or []), self.estimates[i],
                      f.moved)
