@@ -2,11 +2,12 @@
 
 Starts ``--servers`` rollout servers of the embedded engine (``histospec serve --backend torch``, CPU, one thread
 each; the quick demo model unless ``--model``), fits the cost model to them (:func:`calibrate`: per-iteration
-times at several batch sizes), then replays the first ``--steps`` steps of a recorded trace through the router
-once per policy: every prompt's G samples, each forced to its recorded length times ``--length-scale``
+times at several batch sizes, before the replay and again after it: the load of a shared machine drifts), then
+replays the first ``--steps`` steps of a recorded trace through the router once per policy (policies interleaved
+step by step, ``--repeats`` times with fresh routers): every prompt's G samples, each forced to its recorded length times ``--length-scale``
 (``ignore_eos``; seeded, so every policy runs the same work). Step makespan and idle come from the servers' own
 timestamps (``meta_info.server_received`` / ``server_answered`` of every request, core/timeline.py); the
-simulator (core/pipesim.py) replays the same steps with the fitted cost model. Example::
+simulator (core/pipesim.py) replays the same steps with the cost model fitted to both calibrations. Example::
 
     histospec bench pipe-servers --steps 8 --json     # the last stdout line holds every figure
 """
@@ -66,14 +67,12 @@ def _workload(args: argparse.Namespace, context_len: int) -> list:
 
 
 def calibrate(clients, prompt: list[int], max_running: int = 64, lengths=(32, 96), repeats: int = 2):  # noqa: ANN001, ANN201
-    """Fit a :class:`CostModel` to the servers: seconds per iteration at each (batch, length), from the servers'
-    timestamps, at batch sizes up to ``max_running`` (the servers' batch cap), sent as the router sends a step (one /generate per request, every server at once: they share the
-    machine's cores as in the run; median over requests, servers and ``repeats``); prefill from a long prompt
-    against a short one."""
+    """Timing samples of the servers: ``(batch, context tokens, seconds per iteration)`` at batch sizes up to
+    ``max_running`` (their batch cap), from the servers' timestamps, sent as the router sends a step (one
+    /generate per request, every server at once: they share the machine's cores as in the run; median over
+    requests, servers and ``repeats``), and seconds of prefill per token (a long prompt against a short one)."""
     from concurrent.futures import ThreadPoolExecutor
     from statistics import median
-
-    from sglang_histospec.core.costmodel import CostModel
 
     def one(job: tuple) -> float:
         client, ids, n, seed = job
@@ -92,7 +91,14 @@ def calibrate(clients, prompt: list[int], max_running: int = 64, lengths=(32, 96
                 samples.append((b, b * (len(prompt) + n / 2), batch(prompt, b, n) / n))
         long_prompt = (prompt * 96)[:96]
         prefill = max(0.0, (batch(long_prompt, 1, 1) - batch(prompt, 1, 1)) / (len(long_prompt) - len(prompt)))
-    return CostModel(CostModel.fit(samples, prefill_token_s=prefill, max_running=max_running, tau=1.0)), samples
+    return samples, prefill
+
+
+def fit_cost(samples: list, prefill: float, max_running: int):  # noqa: ANN201
+    """:class:`CostModel` fitted to :func:`calibrate`'s samples."""
+    from sglang_histospec.core.costmodel import CostModel
+
+    return CostModel(CostModel.fit(samples, prefill_token_s=prefill, max_running=max_running, tau=1.0))
 
 
 class _PolicyRun:
@@ -198,11 +204,13 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(args.servers):
             extra = ["--max-running-requests", str(args.max_running)]
             servers.append(RolloutServerProcess(model, args.speculative_algorithm, extra_args=extra))
-        cost, samples = calibrate([s.client for s in servers], prompts[0][0][1], args.max_running)
+        clients = [s.client for s in servers]
+        before, prefill_before = calibrate(clients, prompts[0][0][1], args.max_running)
+        cost = fit_cost(before, prefill_before, args.max_running)  # the routers plan with it
         out = {"benchmark": "pipe-servers", "trace": args.trace, "servers": args.servers, "steps": len(work),
-               "requests_per_step": sum(g.size for g in work[0].groups), "max_running": args.max_running, "length_scale": args.length_scale,
-               "cost_model": asdict(cost.config),
-               "calibration": samples, "results": []}  # fmt: skip
+               "requests_per_step": sum(g.size for g in work[0].groups), "max_running": args.max_running,
+               "length_scale": args.length_scale, "cost_model_before": asdict(cost.config),
+               "calibration_before": before, "results": []}  # fmt: skip
         measured: dict[str, list[dict]] = {p: [] for p in policies}
         for _ in range(args.repeats):  # fresh routers (empty history) per repeat
             runs = {p: _PolicyRun([s.url for s in servers], p, cost, args.migrate) for p in policies}
@@ -211,13 +219,20 @@ def run(args: argparse.Namespace) -> int:
                     runs[p].step(sw, ids)
             for p in policies:
                 measured[p].append(runs.pop(p).close())
+        # calibrated again after the run: the machine's load drifts; the simulator uses both (pooled)
+        after, prefill_after = calibrate(clients, prompts[0][0][1], args.max_running)
+        pooled = fit_cost(before + after, (prefill_before + prefill_after) / 2, args.max_running)
+        out.update(calibration_after=after, cost_model=asdict(pooled.config))
         warm = _warm_steps(work)
         out["warm_steps"] = [work[i].step for i in warm]
         print(f"{'policy':>11} {'measured_s':>10} {'warm_s':>7} {'idle':>6} {'moved':>5} {'sim_s':>7} {'sim_warm':>8} "
               f"{'sim_idle':>8} {'sim/meas':>8}")  # fmt: skip
         for policy in policies:
-            sim = _simulate(policy, args.servers, cost, work)
+            sim = _simulate(policy, args.servers, pooled, work)
             row = _summary(measured[policy], sim, warm)
+            for name, samples, pre in (("before", before, prefill_before), ("after", after, prefill_after)):
+                alone = _simulate(policy, args.servers, fit_cost(samples, pre, args.max_running), work)
+                row[f"sim_over_measured_{name}"] = alone["makespan"] / row["makespan"]
             out["results"].append({"policy": policy, **row, "repeats": measured[policy], "simulated": sim})
             print(
                 f"{policy:>11} {row['makespan']:>10.2f} {row['warm_makespan']:>7.2f} {row['idle_fraction']:>6.1%} "
