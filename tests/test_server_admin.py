@@ -212,3 +212,96 @@ def test_weight_update_waits_for_running_requests(tiny_model_dir, other_model_di
         assert (
             srv.client.generate([prompt], max_new_tokens=8, temperature=0, ignore_eos=True)[0]["output_ids"] == new_ref
         )
+
+
+def _broken_checkpoints(src: str, root) -> dict[str, str]:
+    """Checkpoints a weight update must refuse with a 400 (the old weights stay)."""
+    import json
+    import pickle
+    import shutil
+
+    out = {}
+    for name in ("pickle-bin", "other-hidden-size", "truncated-safetensors"):
+        d = root / name
+        shutil.copytree(src, d)
+        out[name] = str(d)
+    os.remove(os.path.join(out["pickle-bin"], "model.safetensors"))
+    with open(os.path.join(out["pickle-bin"], "pytorch_model.bin"), "wb") as f:
+        pickle.dump({"not": "a state dict"}, f)
+    cfg_path = os.path.join(out["other-hidden-size"], "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["hidden_size"] = 32
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    st = os.path.join(out["truncated-safetensors"], "model.safetensors")
+    with open(st, "r+b") as f:
+        f.truncate(os.path.getsize(st) // 2)
+    return out
+
+
+def test_unreadable_checkpoints_are_400_and_the_weights_stay(tiny_model_dir, tmp_path):
+    prompt = [1, 8, 9, 10]
+    kw = dict(max_new_tokens=6, temperature=0, ignore_eos=True)
+    with ServerThread(tiny_model_dir, speculative_algorithm="NONE") as srv:
+        ref = srv.client.generate([prompt], **kw)[0]["output_ids"]
+        for name, path in _broken_checkpoints(tiny_model_dir, tmp_path).items():
+            r = httpx.post(srv.url + "/update_weights_from_disk", json={"model_path": path}, timeout=120)
+            assert r.status_code == 400, (name, r.text)
+            body = r.json()
+            assert body["success"] is False and body["error"]["field"] == "model_path", (name, body)
+            assert srv.client.generate([prompt], **kw)[0]["output_ids"] == ref, name
+
+
+def test_error_bodies_name_a_field_and_admin_keys_are_checked():
+    from sglang_histospec.server.app import AppConfig
+
+    for key in ("", "   ", " padded "):
+        with pytest.raises(ValueError, match="non-blank"):
+            AppConfig(admin_api_key=key)
+    assert cli.main(["serve", "--model", "/nonexistent", "--admin-api-key", "  "]) == 2
+
+
+@pytest.mark.parametrize(
+    "method, path, body, status, field",
+    [
+        ("GET", "/nope", None, 404, "path"),
+        ("DELETE", "/generate", None, 405, "method"),
+        ("POST", "/histospec/history", b"{bad", 401, "Authorization"),
+        ("POST", "/flush_cache", None, 401, "Authorization"),
+    ],
+)
+def test_http_errors_name_their_field(tiny_model_dir, method, path, body, status, field):
+    with ServerThread(tiny_model_dir, speculative_algorithm="NONE", admin_api_key=KEY) as srv:
+        r = httpx.request(method, srv.url + path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["field"] == field, r.text
+
+
+def test_repeated_push_counts_as_replaced_not_pushed(tiny_model_dir):
+    with ServerThread(tiny_model_dir, speculative_algorithm="NONE") as srv:
+        entries = [{"prompt_id": "dup", "responses": [[4, 5, 6], [7, 8]]}]
+        assert srv.client.push_history(3, entries) == 2
+        assert srv.client.push_history(3, entries) == 2  # the same prompt+step again: replaces the first push
+        stats = srv.client.stats()
+        assert (stats["history_responses_pushed"], stats["history_responses_replaced"]) == (2, 2)
+
+
+def test_shutdown_signal_answers_running_requests_at_once(tiny_model_dir):
+    with ServerThread(tiny_model_dir, speculative_algorithm="NONE") as srv:
+        got: list = []
+        body = {"input_ids": [1, 5, 6], "sampling_params": {"max_new_tokens": 480, "ignore_eos": True}}
+        t = threading.Thread(target=lambda: got.append(httpx.post(srv.url + "/generate", json=body, timeout=120)))
+        t.start()
+        deadline = time.monotonic() + 30
+        while srv.client.stats()["backend"]["engine"]["requests_running"] == 0:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        srv.backend.begin_shutdown()  # what SIGTERM calls before uvicorn drains the connections
+        t.join(30)
+        assert time.monotonic() - t0 < 10 and got, "a running request kept the shutdown waiting"
+        assert got[0].json()["meta_info"]["finish_reason"]["type"] == "abort"
+        assert httpx.get(srv.url + "/health").status_code == 503
+        r = httpx.post(srv.url + "/generate", json=body)
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]

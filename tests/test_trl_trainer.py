@@ -27,6 +27,8 @@ from trl_integration import (  # noqa: E402
     make_rollout_func,
 )
 
+pytestmark = pytest.mark.usefixtures("trl_env")
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:

@@ -9,10 +9,9 @@ Example::
 
 from __future__ import annotations
 
-import os
-
-ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "CI": "1"}
-os.environ.update(ENV)
+# Environment of TRL tests: set by the ``trl_env`` fixture (tests/conftest.py), or passed to the subprocesses they
+# start; never set at import (pytest imports every test module at collection, so it would leak into every test).
+ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
 
 
 def tiny_dataset(n: int = 4, with_ids: bool = True, id_prefix: str = "q"):

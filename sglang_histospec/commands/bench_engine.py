@@ -32,7 +32,9 @@ HELP = "Tokens/s of the embedded engine with HistoSpec, without, and of transfor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="model directory; default: the demo model (built on first use)")
+    parser.add_argument(
+        "--model", default=None, help="model directory or name (smollm2-135m-instruct); default: the demo model"
+    )
     parser.add_argument(
         "--demo-model",
         default="converged",
@@ -67,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="per-request verify-cost cap in plain decode steps (default: the core default); 0 = no cap",
     )
+    parser.add_argument(
+        "--task",
+        default="demo",
+        help="prompts: demo (the tiny model's arithmetic) or a chat family: arith, sort, units",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--seed", type=int, default=0)
@@ -75,7 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int]], str]:
-    """(prompt ids, token ids, description). Demo task prompts when the model has a tokenizer, else random ids."""
+    """(prompt ids, token ids, description). Demo task prompts when the model has a tokenizer, else random ids;
+    with ``--task FAMILY`` the chat task family's prompts through the tokenizer's chat template."""
+    if args.task != "demo":
+        from sglang_histospec.demo.chat_tasks import make_family
+        from sglang_histospec.demo.record import chat_ids
+
+        if tokenizer is None:
+            raise SystemExit(f"--task {args.task} needs a model directory with a tokenizer")
+        fam = make_family(args.task, num_prompts=args.num_prompts, seed=args.seed)
+        return [p.prompt_id for p in fam.prompts], [chat_ids(tokenizer, p.text) for p in fam.prompts], args.task
     if tokenizer is not None:
         try:
             from sglang_histospec.demo import ArithTask
@@ -214,7 +230,11 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_label = args.model
-    if args.model is None:
+    if args.model is not None:
+        from sglang_histospec.models import resolve_model
+
+        args.model = resolve_model(args.model, progress=not args.json)
+    else:
         from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
 
         name = "quick" if args.quick_model else args.demo_model

@@ -7,7 +7,6 @@ Routes: ``POST /histopipe/step``, ``POST /generate``, history fan-out, health, s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 COMMAND = ("route",)
@@ -23,11 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=POLICIES, default="histopipe")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument(
-        "--admin-api-key",
-        default=os.environ.get("HISTOSPEC_ADMIN_API_KEY"),
-        help="sent to the backends; guards the router's admin routes (default $HISTOSPEC_ADMIN_API_KEY)",
-    )
+    from sglang_histospec.server.launch import add_common_arguments
+
+    add_common_arguments(parser)  # the admin key is also sent to the backends
     parser.add_argument("--health-interval-s", type=float, default=2.0)
     parser.add_argument("--request-timeout-s", type=float, default=600.0)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -36,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from sglang_histospec.router.app import create_app
     from sglang_histospec.router.router import Router, RouterConfig
-    from sglang_histospec.server.launch import check_bind, run_app
+    from sglang_histospec.server.launch import check_bind, limits_from_args, run_app
 
     try:
         check_bind(args.host, args.admin_api_key)
@@ -46,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
             admin_api_key=args.admin_api_key,
             health_interval_s=args.health_interval_s,
             request_timeout_s=args.request_timeout_s,
+            limits=limits_from_args(args),
+            max_request_bytes=args.max_request_bytes,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -53,7 +52,14 @@ def run(args: argparse.Namespace) -> int:
     router = Router(config)
     router.start()
     try:
-        run_app(create_app(router), args.host, args.port, args.admin_api_key, args.log_level)
+        run_app(
+            create_app(router),
+            args.host,
+            args.port,
+            args.admin_api_key,
+            args.log_level,
+            on_signal=router.begin_shutdown,
+        )
     finally:
         router.close()
     return 0

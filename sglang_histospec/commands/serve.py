@@ -12,7 +12,6 @@ import argparse
 import importlib
 import importlib.util
 import logging
-import os
 import sys
 
 COMMAND = ("serve",)
@@ -25,15 +24,18 @@ ALLOW_EXTRA_ARGS = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("torch", "sglang"), default="torch", help="engine behind the API")
-    parser.add_argument("--model", "--model-path", dest="model", required=True, help="Hugging Face model directory")
+    parser.add_argument(
+        "--model",
+        "--model-path",
+        dest="model",
+        required=True,
+        help="Hugging Face model directory, or a name from `histospec model prepare`",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (beyond loopback needs an admin key)")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument(
-        "--admin-api-key",
-        default=os.environ.get("HISTOSPEC_ADMIN_API_KEY"),
-        help="guards history, end_step, weight and flush routes (Authorization: Bearer KEY); "
-        "default $HISTOSPEC_ADMIN_API_KEY",
-    )
+    from sglang_histospec.server.launch import add_common_arguments
+
+    add_common_arguments(parser)
     parser.add_argument("--speculative-algorithm", choices=("HISTOSPEC", "NONE"), default="HISTOSPEC")
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="max draft nodes per request and step")
     parser.add_argument("--history-window", type=int, default=1, help="past steps kept per prompt (1 = last epoch)")
@@ -65,14 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-request-bytes", type=int, default=64 * 2**20)
+    parser.add_argument(
+        "--shutdown-timeout-s", type=float, default=10.0, help="SIGTERM: abort running requests, close after this"
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
 def run(args: argparse.Namespace) -> int:
+    from sglang_histospec.server.http_api import check_admin_key
     from sglang_histospec.server.launch import check_bind
 
     try:
+        check_admin_key(args.admin_api_key)
         check_bind(args.host, args.admin_api_key)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -98,13 +104,14 @@ def _run_torch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sglang_histospec.core import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.types import EngineConfig
+    from sglang_histospec.models import resolve_model
     from sglang_histospec.server.app import AppConfig, create_app
-    from sglang_histospec.server.launch import run_app
+    from sglang_histospec.server.launch import limits_from_args, run_app
     from sglang_histospec.server.torch_backend import TorchBackend, TorchBackendConfig
 
     try:
         engine_config = EngineConfig(
-            model_path=args.model,
+            model_path=resolve_model(args.model),
             device=args.device,
             dtype=args.dtype,
             max_running_requests=args.max_running_requests,
@@ -127,6 +134,21 @@ def _run_torch(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    app = create_app(backend, AppConfig(admin_api_key=args.admin_api_key, max_request_bytes=args.max_request_bytes))
-    run_app(app, args.host, args.port, admin_api_key=args.admin_api_key, log_level=args.log_level)
+    try:
+        app_config = AppConfig(
+            admin_api_key=args.admin_api_key, max_request_bytes=args.max_request_bytes, limits=limits_from_args(args)
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(backend, app_config)
+    run_app(
+        app,
+        args.host,
+        args.port,
+        admin_api_key=args.admin_api_key,
+        log_level=args.log_level,
+        on_signal=backend.begin_shutdown,
+        shutdown_timeout_s=args.shutdown_timeout_s,
+    )
     return 0

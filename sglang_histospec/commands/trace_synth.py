@@ -17,33 +17,20 @@ HELP = "write a synthetic rollout trace with controllable drift between epochs"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sglang_histospec.commands._flags import add_config_flags
     from sglang_histospec.core.synth import SynthConfig
 
     parser.add_argument("out", help="output path (.jsonl or .jsonl.gz)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")
-    defaults = SynthConfig()
-    for f in fields(SynthConfig):
-        value = getattr(defaults, f.name)
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            parser.add_argument(flag, type=_bool, default=value, metavar="true|false", help=f"default {value}")
-        else:
-            parser.add_argument(flag, type=type(value), default=value, help=f"default {value}")
-
-
-def _bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    add_config_flags(parser, SynthConfig)
 
 
 def run(args: argparse.Namespace) -> int:
+    from sglang_histospec.commands._flags import config_from_flags
     from sglang_histospec.core.synth import SynthConfig, write_synthetic
 
     try:
-        cfg = SynthConfig(**{f.name: getattr(args, f.name) for f in fields(SynthConfig)})
+        cfg = config_from_flags(SynthConfig, args)
         n = write_synthetic(args.out, cfg)
     except (ValueError, OSError) as e:
         print(f"histospec trace synth: {e}", file=sys.stderr)

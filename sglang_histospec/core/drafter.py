@@ -272,6 +272,13 @@ class HistoSpecDrafter:
             self._evict()
             return stored
 
+    def has_visit(self, prompt_id: str, step: int) -> bool:
+        """True when the history holds responses of ``prompt_id`` for ``step`` (a push for it replaces them).
+        Example: after ``d.add("p", 3, [[5, 6]])``, ``d.has_visit("p", 3)`` is True."""
+        with self._lock:
+            entry = self._prompts.get(prompt_id)
+            return entry is not None and any(v.step == step for v in entry.visits)
+
     def end_step(self, step: int | None = None) -> None:
         """Close the open step: its recorded responses become history unless a push covered them."""
         if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0):
@@ -483,19 +490,24 @@ class HistoSpecDrafter:
         return asdict(self.cfg)
 
     # ---- snapshot ------------------------------------------------------------------------------------------
-    def snapshot(self, path) -> None:
-        """Write the history (not the running requests) to ``path``: versioned, checksummed, atomic."""
+    def snapshot(self, path, extra: dict | None = None) -> None:
+        """Write the history (not the running requests) to ``path``: versioned, checksummed, atomic. ``extra``: a
+        small JSON dict stored with it (``read_snapshot(path)["extra"]``)."""
         from sglang_histospec.core.snapshot import write_snapshot
 
         with self._lock:
-            write_snapshot(path, self._export())
+            write_snapshot(path, {**self._export(), "extra": extra or {}})
 
     @classmethod
     def load(cls, path, cfg: DrafterConfig | None = None) -> HistoSpecDrafter:
         """A new drafter holding the history of a snapshot; ValueError if the file is corrupt or truncated."""
         from sglang_histospec.core.snapshot import read_snapshot
 
-        state = read_snapshot(path)  # fully parsed and verified before anything is built
+        return cls.from_state(read_snapshot(path), cfg)  # fully parsed and verified before anything is built
+
+    @classmethod
+    def from_state(cls, state: dict, cfg: DrafterConfig | None = None) -> HistoSpecDrafter:
+        """A new drafter holding ``state`` as ``read_snapshot`` returns it."""
         d = cls(cfg)
         d._import(state)
         return d

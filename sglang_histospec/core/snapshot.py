@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -35,7 +36,8 @@ _HEADER = struct.Struct("<8sIIQ32s")
 
 
 def write_snapshot(path, state: dict) -> None:
-    """Serialise ``state`` (the drafter's ``_export()`` shape) to ``path`` atomically (temp file + rename)."""
+    """Serialise ``state`` (the drafter's ``_export()`` shape, optional ``extra``: a small JSON dict kept as is) to
+    ``path`` atomically (temp file + rename; the temp file is removed when writing fails)."""
     arrays: list[np.ndarray] = []
     prompts = []
     for pid, tail, visits in state["prompts"]:
@@ -62,18 +64,24 @@ def write_snapshot(path, state: dict) -> None:
             "recorded": recorded,
             "global": glob,
             "tokens": int(blob.size),
+            "extra": dict(state.get("extra") or {}),
         },
         separators=(",", ":"),
     ).encode()
     payload = struct.pack("<Q", len(meta)) + meta + blob.astype("<i4").tobytes()
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), hashlib.sha256(payload).digest())
     tmp = f"{os.fspath(path)}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(header)
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_snapshot(path) -> dict:
@@ -128,7 +136,16 @@ def _parse(payload: bytes) -> dict:
     glob = [(str(g["id"]), int(g["step"]), [take(n) for n in g["lengths"]]) for g in meta["global"]]
     if pos != tokens.size:
         raise ValueError(f"{tokens.size - pos} tokens not referenced by the meta")
-    return {"open_step": int(meta["open_step"]), "prompts": prompts, "recorded": recorded, "global": glob}
+    extra = meta.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"extra {extra!r:.80} is not an object")
+    return {
+        "open_step": int(meta["open_step"]),
+        "prompts": prompts,
+        "recorded": recorded,
+        "global": glob,
+        "extra": extra,
+    }
 
 
 def _tail(raw) -> list[int]:

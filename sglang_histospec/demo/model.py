@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sglang_histospec.demo.task import ArithTask, TaskConfig
 from sglang_histospec.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+from sglang_histospec.models import default_cache_dir
 
 # Bump when the training recipe or the saved layout changes, so stale cache entries are not reused.
 CACHE_FORMAT = 1
@@ -119,11 +120,6 @@ class PretrainResult:
     """Wall time of the training loop, evaluations included."""
     num_params: int
     """Number of model parameters."""
-
-
-def default_cache_dir() -> Path:
-    """``$HISTOSPEC_CACHE_DIR`` or ``~/.cache/sglang-histospec``."""
-    return Path(os.environ.get("HISTOSPEC_CACHE_DIR", Path.home() / ".cache" / "sglang-histospec"))
 
 
 def build_or_load_demo_model(

@@ -33,6 +33,7 @@ import torch
 
 from sglang_histospec.core import ROOT, Draft
 from sglang_histospec.core.stepcost import ProbCalibration, StepCostModel, best_cut
+from sglang_histospec.engine.governor import SpecGovernor
 from sglang_histospec.engine.model import TreeForward, check_architecture
 from sglang_histospec.engine.sampling import process_logits, sample_rows
 from sglang_histospec.engine.treebatch import TreeBatch
@@ -166,6 +167,7 @@ class Engine:
         self._pause_len = 1  # length of the next pause (doubles while drafting keeps not paying)
         self._draft_s = 0.0  # decayed mean host time of a step's drafting work (seconds), saved by a paused step
         self._cut = self._speculate and config.draft_selection == "cost"
+        self.governor = SpecGovernor(config.governor) if self._cut else None
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
@@ -344,6 +346,7 @@ class Engine:
                 "calibration": self.calibration.table(),
                 "draft_pauses": int(self._stats["draft_pauses"]),
                 "paused_steps": int(self._stats["paused_steps"]),
+                "governor": {} if self.governor is None else dict(self.governor.stats),
             },
         )
         return out
@@ -440,6 +443,8 @@ class Engine:
     def _budgets(self) -> list[int]:
         running = self._running
         if not self._speculate or self._pause > 0:
+            return [0] * len(running)
+        if self.governor is not None and not self.governor.use_spec(len(running)):
             return [0] * len(running)
         rids = [st.req.rid for st in running]
         raw = self.budgets.step_budgets(rids, len(running))
@@ -584,6 +589,7 @@ class Engine:
             picked = probs[torch.tensor(flat_rows, device=dev), torch.tensor(flat_toks, device=dev)]
             logprobs = torch.log(picked.double()).cpu().tolist()
         lp_at = 0
+        step_emitted = 0
         mv_slot, mv_src, mv_dst = [], [], []
         for b, (st, walk) in enumerate(zip(running, outcomes)):
             accepted_nodes, tokens = walk.accepted_nodes, walk.tokens
@@ -613,6 +619,7 @@ class Engine:
             self._stats["accepted_tokens"] += accepted
             self._stats["generated_tokens"] += emitted
             self._stats["step_tokens"] += emitted
+            step_emitted += emitted
             if self._speculate:  # the budget controller counts chain depth: the tree's depth, the accepted length
                 self.budgets.update(st.req.rid, int(depths[b]), accepted)
             if st.finish is None:
@@ -640,6 +647,8 @@ class Engine:
             elif self._pause > 0:
                 self._pause -= 1
                 self._stats["paused_steps"] += 1
+            if self.governor is not None and not pre.any():  # measured tokens/s (a merged prefill would skew it)
+                self.governor.observe(bsz, bool(ask), step_emitted, time.perf_counter() - started)
 
     def _retire(self) -> list[GenerateResult]:
         """Remove finished requests from the running list (keeping slots contiguous) and build their results."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the core drafter types; imported lazily by the engine
     from sglang_histospec.core import BudgetConfig, DrafterConfig
+    from sglang_histospec.engine.governor import GovernorConfig
 
 SPECULATIVE_ALGORITHMS = ("HISTOSPEC", "NONE")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -171,6 +172,9 @@ class EngineConfig:
     every drafted node (within the budgets)."""
     drafter: DrafterConfig | None = None
     """History drafter configuration (core HistoSpecDrafter); None = the core default."""
+    governor: GovernorConfig | None = None
+    """With ``draft_selection="cost"``: the measured guard that lets steps draft only while drafting steps run at
+    least as many tokens/s as plain ones (``engine/governor.py``); None = its defaults."""
     seed: int = 0
     """Seed of requests without their own seed."""
     record_responses: bool = True

@@ -1,81 +1,118 @@
-"""HTTP routes of the HistoPipe router (``histospec route``) over a :class:`Router`.
+"""HTTP routes of the HistoPipe router (``histospec route``) over a :class:`Router`: the API of a rollout server,
+complete, plus the router's own routes. Request models, validation, auth, limits and the error format are the
+server's (``server/schemas.py``, ``server/http_api.py``), not copies.
 
-* ``POST /histopipe/step``: ``{"step": int, "prompts": [{"prompt_id": str, "input_ids": [int]}], "group_size": G,
-  "sampling_params": {...}, "return_logprob": bool}`` -> ``{"step", "results": [item]}`` with prompt i's sample j
-  at index ``i * G + j`` (items as SGLang's /generate returns them, plus ``meta_info.histopipe``).
-* ``POST /generate``: SGLang's body, forwarded with per-prompt placement (batch bodies split and reassembled).
-* ``POST /histospec/history``, ``POST /histospec/end_step``: fanned out to every healthy backend.
-* ``GET /health`` (200 while a backend is healthy), ``GET /histopipe/stats`` (JSON), ``GET /metrics``
-  (Prometheus, per backend).
-Blocking work runs in FastAPI's thread pool (the routes are plain functions).
+* Forwarded to one backend, placed per prompt: ``POST /generate`` (batch bodies split and reassembled; ``n``
+  samples of a prompt stay together and all come back).
+* Fanned out to every healthy backend: ``POST /histospec/history``, ``POST /histospec/end_step``,
+  ``POST /update_weights_from_disk`` (remembered: a backend that comes back loads it first),
+  ``GET|POST /flush_cache``, ``POST /abort_request``.
+* Answered from a backend: ``GET /get_model_info`` (also ``/model_info``).
+* Answered by the router: ``GET /health`` (200 while a backend is healthy), ``GET /histospec/stats`` (the
+  servers' counters summed), ``GET /metrics`` (Prometheus, per backend), ``POST /histopipe/step``
+  (``{"step", "prompts": [{"prompt_id", "input_ids"}], "group_size", "sampling_params", "return_logprob"}`` ->
+  ``{"step", "results"}``, prompt i's sample j at ``i * group_size + j``), ``GET /histopipe/stats``.
+
+A client that goes away while its /generate or step runs gets its requests aborted on the backends.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang_histospec.router.router import Router, RouterError
+from sglang_histospec.server.http_api import ApiError, ApiGuard, error_body, install_error_handlers
+from sglang_histospec.server.schemas import (
+    AbortRequestBody,
+    EndStepBody,
+    GenerateBody,
+    HistoryPushBody,
+    StepBody,
+    UpdateWeightsFromDiskBody,
+)
+
+DISCONNECT_POLL_S = 0.5
+
+
+async def _run_cancellable(request: Request, router: Router, work: Callable[[Callable], Any]) -> Any:
+    """Run ``work(on_rids)`` in a thread; if the client goes away meanwhile, abort its requests on the backends."""
+    rids: list[str] = []
+    task = asyncio.ensure_future(asyncio.to_thread(work, rids.extend))
+    aborted = False
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and not aborted and await request.is_disconnected():
+            aborted = True
+            await asyncio.to_thread(router.abort, list(rids))
+    return task.result()
 
 
 def create_app(router: Router) -> FastAPI:
-    app = FastAPI(title="histospec router")
-
-    @app.exception_handler(RouterError)
-    def _router_error(request: Request, exc: RouterError) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc), "field": None}}, status_code=exc.status)
-
-    def require_admin(request: Request) -> None:
-        key = router.config.admin_api_key
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise RouterError(401, "admin route: send the header 'Authorization: Bearer <admin key>'")
-
-    admin = [Depends(require_admin)]
+    app = FastAPI(title="histospec router", docs_url=None, redoc_url=None)
+    app.add_middleware(
+        ApiGuard,
+        admin_api_key=router.config.admin_api_key,
+        max_request_bytes=router.config.max_request_bytes,
+        on_error=lambda status: None,
+    )
+    install_error_handlers(app, on_error=lambda status: None)
 
     @app.post("/histopipe/step")
-    def step(body: dict[str, Any]) -> dict[str, Any]:
-        prompts = body.get("prompts")
-        if not isinstance(prompts, list) or not all(
-            isinstance(p, dict) and isinstance(p.get("prompt_id"), str) and isinstance(p.get("input_ids"), list)
-            for p in prompts
-        ):
-            raise RouterError(400, "'prompts' must be a list of {'prompt_id': str, 'input_ids': [int]}")
-        step_no = body.get("step", router.steps)
-        if not isinstance(step_no, int) or step_no < 0:
-            raise RouterError(400, f"step={step_no!r}: must be an int >= 0")
-        results = router.run_step(
-            step_no,
-            [(p["prompt_id"], p["input_ids"]) for p in prompts],
-            body.get("group_size", 1),
-            body.get("sampling_params") or {},
-            bool(body.get("return_logprob", False)),
-        )
-        return {"step": step_no, "results": results}
+    async def step(body: StepBody, request: Request) -> dict[str, Any]:
+        def work(on_rids: Callable) -> dict[str, Any]:
+            return router.step(body, on_rids)
+
+        return await _run_cancellable(request, router, work)
 
     @app.post("/generate")
-    def generate(body: dict[str, Any]) -> Any:
-        return router.generate(body)
+    async def generate(body: GenerateBody, request: Request) -> Any:
+        return await _run_cancellable(request, router, lambda on_rids: router.generate(body, on_rids))
 
-    @app.post("/histospec/history", dependencies=admin)
-    def history(body: dict[str, Any]) -> dict[str, Any]:
-        step_no, entries = body.get("step"), body.get("entries")
-        if not isinstance(step_no, int) or not isinstance(entries, list):
-            raise RouterError(400, "history push: need {'step': int, 'entries': [...]}")
-        return router.push_history(step_no, entries)
+    @app.post("/histospec/history")
+    def history(body: HistoryPushBody) -> dict[str, Any]:
+        return router.push_history(body)
 
-    @app.post("/histospec/end_step", dependencies=admin)
-    def end_step(body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return router.end_step((body or {}).get("step"))
+    @app.post("/histospec/end_step")
+    def end_step(body: EndStepBody) -> dict[str, Any]:
+        return router.end_step(body.step)
+
+    @app.post("/update_weights_from_disk")
+    def update_weights_from_disk(body: UpdateWeightsFromDiskBody) -> JSONResponse:
+        try:
+            return JSONResponse(router.update_weights(body.model_dump(exclude_unset=True)))
+        except ApiError as exc:  # SGLang's shape, plus the shared error object
+            answer = {"success": False, "message": exc.message, "num_paused_requests": 0}
+            return JSONResponse({**answer, **error_body(exc.message, exc.field)}, status_code=exc.status)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    def flush_cache() -> PlainTextResponse:
+        return PlainTextResponse(router.flush_cache())
+
+    @app.post("/abort_request")
+    def abort_request(body: AbortRequestBody) -> dict[str, Any]:
+        if not body.abort_all and not body.rid:
+            raise RouterError(400, "rid: send a request id, or abort_all=true", "rid")
+        return {"success": True, "backends": router.fan_out_raw("/abort_request", body.model_dump())}
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    def model_info() -> Any:
+        return router.backend_get("/get_model_info")
 
     @app.get("/health")
     def health() -> Response:
-        return Response(status_code=200 if router.healthy() else 503)
+        if router.healthy():
+            return Response(status_code=200)
+        raise RouterError(503, "no healthy backend")
+
+    @app.get("/histospec/stats")
+    def histospec_stats() -> dict[str, Any]:
+        return router.histospec_stats()
 
     @app.get("/histopipe/stats")
     def stats() -> dict[str, Any]:

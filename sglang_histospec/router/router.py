@@ -8,25 +8,28 @@ backends (least predicted work first): a batched call returns all its answers or
 answered exactly once. Plain ``/generate`` bodies are split per item and placed per prompt on the backend with
 the least outstanding predicted work.
 
-Outlier migration (``migrate_outliers``, on by default): requests then go out as one /generate call each, and
-while a step is in its tail the dispatcher applies the simulator's rule (core/migration.py) every
-``outlier_check_s``: a request estimated far past its prompt's history (tokens emitted = time since it was sent x
-the step's decode rate; the router keeps at most the cost model's ``max_running`` requests in flight per
-backend and sends the rest in plan order as slots free up, so none waits in a backend's queue) is aborted on its backend (SGLang's
+Outlier migration (``migrate_outliers``, on by default, for ``run_step``): requests then go out as one /generate
+call each, at most the cost model's ``max_running`` in flight per backend (the rest are sent in plan order as
+slots free up, so none waits in a backend's queue), and while a step is in its tail the dispatcher applies the
+simulator's rule (core/migration.py) every ``outlier_check_s``: a request estimated far past its prompt's history
+(tokens emitted = time since it was sent x the step's decode rate) is aborted on its backend (SGLang's
 ``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
 to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
 seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
 samples the continuation afresh). The answer is the two parts joined; ``meta_info.histopipe.migrated_from``
-names the first backend.
+names the first backend. Plain ``/generate`` forwarding keeps the batched calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +40,24 @@ from sglang_histospec.core.costmodel import CostModel
 from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
 from sglang_histospec.core.migration import InFlight, decode_rate, pick_migrations
 from sglang_histospec.core.planner import POLICIES, Group, Planner, PlannerConfig
-from sglang_histospec.server.client import HistoSpecClient, ServerError
-from sglang_histospec.server.schemas import DEFAULT_MAX_NEW_TOKENS
+from sglang_histospec.server.client import HistoSpecClient
+from sglang_histospec.server.http_api import ApiError, check_admin_key
+from sglang_histospec.server.protocol import ModelLimits
+from sglang_histospec.server.schemas import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GenerateBody,
+    HistoryPushBody,
+    RequestLimits,
+    StepBody,
+    check_generate_body,
+    item_rids,
+    sample_rid,
+    step_to_generate_body,
+    to_generation_inputs,
+    to_history_entries,
+)
+
+logger = logging.getLogger(__name__)
 
 PER_ITEM_KEYS = (
     "input_ids",
@@ -64,12 +83,11 @@ BACKEND_COUNTERS = (
 """Per-backend counters in ``/metrics`` (``histopipe_backend_<name>_total``)."""
 
 
-class RouterError(RuntimeError):
-    """A request the router cannot serve: ``status`` is the HTTP status to answer with."""
+class RouterError(ApiError):
+    """A request the router cannot serve: ``status`` is the HTTP status to answer with (shared error format)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(status, message, field)
 
 
 @dataclass(slots=True)
@@ -96,6 +114,11 @@ class RouterConfig:
     planner: PlannerConfig | None = None
     """Outlier rule (``outlier_factor``, ``tail_fraction``) and planner settings; None = defaults with ``policy``."""
 
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    """The same client limits as a server's (checked before anything is forwarded)."""
+    max_request_bytes: int = 64 * 2**20
+    """Larger request bodies get HTTP 413."""
+
     def __post_init__(self) -> None:
         if not self.backends:
             raise ValueError("RouterConfig.backends is empty: give at least one rollout server URL")
@@ -103,6 +126,7 @@ class RouterConfig:
             raise ValueError(f"RouterConfig.policy={self.policy!r}: choose one of {', '.join(POLICIES)}")
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts={self.max_attempts!r}: must be >= 1")
+        check_admin_key(self.admin_api_key)
         if not self.outlier_check_s > 0:
             raise ValueError(f"RouterConfig.outlier_check_s={self.outlier_check_s!r}: must be > 0 seconds")
         if not (isinstance(self.max_inflight, int) and self.max_inflight >= 1):
@@ -130,6 +154,19 @@ class _BackendDown(Exception):
     pass
 
 
+def _error_of(response: httpx.Response) -> ApiError:
+    """The backend's error answer as an ApiError (its message and field, unchanged)."""
+    message, fld = response.text[:2000], None
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(err, dict):
+        message, fld = str(err.get("message", message)), err.get("field")
+    return ApiError(response.status_code, message, fld if isinstance(fld, str) else None)
+
+
 class Router:
     """Example::
 
@@ -141,7 +178,9 @@ class Router:
 
     def __init__(self, config: RouterConfig, cost: CostModel | None = None) -> None:
         self.config = config
-        headers = {"Authorization": f"Bearer {config.admin_api_key}"} if config.admin_api_key else {}
+        headers = {"Content-Type": "application/json"}
+        if config.admin_api_key:
+            headers["Authorization"] = f"Bearer {config.admin_api_key}"
         self.backends = [
             Backend(
                 url.rstrip("/"),
@@ -153,11 +192,13 @@ class Router:
         self.predictor = LengthPredictor(LengthPredictorConfig(window=2))
         self.planner = Planner(cost or CostModel(), config.planner or PlannerConfig(policy=config.policy))
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(self.backends)), thread_name_prefix="router")
+        self._pool = ThreadPoolExecutor(max_workers=max(8, 4 * len(self.backends)), thread_name_prefix="router")
         self._calls = ThreadPoolExecutor(max_workers=config.max_inflight, thread_name_prefix="router-call")
         self.migrations = 0
         self._stop = threading.Event()
         self._health_thread: threading.Thread | None = None
+        self._model_limits: ModelLimits | None = None
+        self._weights: dict[str, Any] | None = None  # the last weight update every backend took
         self.steps = 0
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
@@ -165,6 +206,13 @@ class Router:
         self.check_health()
         self._health_thread = threading.Thread(target=self._health_loop, name="router-health", daemon=True)
         self._health_thread.start()
+
+    def begin_shutdown(self) -> None:
+        """Stop taking requests and fail the running backend calls now (SIGTERM: answers go out, nothing waits
+        for the backends)."""
+        self._stop.set()
+        for b in self.backends:
+            b.http.close()
 
     def close(self) -> None:
         self._stop.set()
@@ -182,13 +230,70 @@ class Router:
 
     def check_health(self) -> list[bool]:
         for b in self.backends:
-            b.healthy = b.client.health()
+            up = b.client.health()
+            if up and not b.healthy and self._weights is not None:
+                up = self._resync_weights(b)
+            b.healthy = up
         return [b.healthy for b in self.backends]
+
+    def _resync_weights(self, backend: Backend) -> bool:
+        """A backend that comes back (e.g. restarted) first loads the weights the others hold."""
+        try:
+            response = backend.http.post("/update_weights_from_disk", content=_dumps(self._weights))
+        except httpx.HTTPError:
+            return False
+        backend.count("weight_resyncs")
+        return response.status_code == 200
 
     def healthy(self) -> list[Backend]:
         return [b for b in self.backends if b.healthy]
 
+    def _live(self) -> list[Backend]:
+        if self._stop.is_set():
+            raise RouterError(503, "the router is shutting down")
+        live = self.healthy()
+        if not live:
+            raise RouterError(503, "no healthy backend")
+        return live
+
+    def model_limits(self) -> ModelLimits | None:
+        """Vocabulary and context length of the served model (asked from a backend once), or None if unknown."""
+        if self._model_limits is None:
+            for b in self.healthy():
+                try:
+                    info = b.client.model_info()
+                    vocab, ctx = info.get("vocab_size"), info.get("max_context_len")
+                except Exception:  # a backend answering garbage: validation falls back to the backends
+                    continue
+                if isinstance(vocab, int) and isinstance(ctx, int):
+                    self._model_limits = ModelLimits(vocab, ctx, info.get("tokenizer_path") is not None)
+                    break
+        return self._model_limits
+
+    def validate_generate(self, body: GenerateBody, limits: RequestLimits | None = None) -> None:
+        """The server's validation of a /generate body: all of it for ``input_ids`` bodies once the model is
+        known, all but the token-level checks for ``text`` (the backend tokenizes and checks those)."""
+        limits = limits or self.config.limits
+        check_generate_body(body, limits)
+        model = self.model_limits()
+        if body.text is None and model is not None:
+            to_generation_inputs(body, model, None, limits)
+
     # ---- a whole step ------------------------------------------------------------------------------------
+    def step(self, body: StepBody, on_rids: Callable[[list[str]], None] | None = None) -> dict[str, Any]:
+        """``POST /histopipe/step`` after validation: ``{"step", "results"}``; ``on_rids`` as in :meth:`generate`."""
+        limits = self.config.limits
+        generate = step_to_generate_body(body, limits)
+        self.validate_generate(generate, dataclasses.replace(limits, max_prompts=limits.max_samples))
+        prompts = [(str(p.prompt_id), list(p.input_ids)) for p in body.prompts]
+        sp = None if body.sampling_params is None else body.sampling_params.model_dump(exclude_unset=True)
+        step_no = self.steps if body.step is None else body.step
+        rids = [uuid.uuid4().hex for _ in range(len(prompts) * body.group_size)]
+        if on_rids is not None:
+            on_rids(rids)
+        results = self.run_step(step_no, prompts, body.group_size, sp, body.return_logprob, rids)
+        return {"step": step_no, "results": results}
+
     def run_step(
         self,
         step: int,
@@ -196,41 +301,42 @@ class Router:
         group_size: int,
         sampling_params: dict[str, Any] | None = None,
         return_logprob: bool = False,
+        rids: list[str] | None = None,
         item_params: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         """Generate ``group_size`` samples of every prompt; answers in request order (prompt i, sample j at i*G+j).
 
-        ``item_params``: per request (index i*G+j), sampling params merged over ``sampling_params`` (e.g. one
-        seed per sample). Each answer is the backend's SGLang item plus ``meta_info.histopipe`` =
-        ``{"backend", "attempts", ...}``.
+        Each answer is the backend's SGLang item plus ``meta_info.histopipe`` = ``{"backend", "attempts", ...}``.
+        ``rids``: one request id per sample (default: fresh ones), for aborting them. ``item_params``: per request
+        (index i*G+j), sampling params merged over ``sampling_params`` (e.g. one seed per sample).
         """
         if not isinstance(group_size, int) or group_size < 1:
-            raise RouterError(400, f"group_size={group_size!r}: must be an int >= 1")
+            raise RouterError(400, f"group_size: must be an int >= 1, got {group_size!r}", "group_size")
         if not prompts:
-            raise RouterError(400, "prompts is empty")
-        live = self.healthy()
-        if not live:
-            raise RouterError(503, "no healthy backend")
-        groups = [Group(pid, group_size, len(ids)) for pid, ids in prompts]
-        with self._lock:
-            plan = self.planner.plan(step, groups, len(live), self.predictor)
+            raise RouterError(400, "prompts: empty step", "prompts")
         if item_params is not None and len(item_params) != len(prompts) * group_size:
             raise RouterError(
                 400, f"item_params has {len(item_params)} entries for {len(prompts) * group_size} requests"
             )
+        live = self._live()
+        groups = [Group(pid, group_size, len(ids)) for pid, ids in prompts]
+        with self._lock:
+            plan = self.planner.plan(step, groups, len(live), self.predictor)
         items: list[dict[str, Any]] = []
         for pid, ids in prompts:
             for _ in range(group_size):
                 sp = {**(sampling_params or {}), **(item_params[len(items)] if item_params is not None else {})}
                 sp["custom_params"] = {**sp.get("custom_params", {}), "prompt_id": pid}
-                items.append({"input_ids": list(ids), "sampling_params": sp, "return_logprob": return_logprob})
+                item = {"input_ids": list(ids), "sampling_params": sp, "return_logprob": return_logprob}
+                item["rid"] = rids[len(items)] if rids is not None else uuid.uuid4().hex
+                items.append(item)
         placement = {
             self.backends.index(live[w]): [g * group_size + s for g, s in reqs] for w, reqs in enumerate(plan.workers)
         }
         predicted = [plan.predicted_lengths[i // group_size] for i in range(len(items))]
         with self._lock:
             estimates = [self.predictor.predict(pid) for pid, _ in prompts for _ in range(group_size)]
-        results = self._dispatch(items, placement, predicted, estimates)
+        results = [outs[0] for outs in self._dispatch(items, placement, predicted, estimates=estimates)]
         with self._lock:
             for i, out in enumerate(results):
                 pid = prompts[i // group_size][0]
@@ -239,66 +345,138 @@ class Router:
         return results
 
     # ---- plain /generate ---------------------------------------------------------------------------------
-    def generate(self, body: dict[str, Any]) -> Any:
-        """Forward an SGLang /generate body; batch bodies are split per item and placed per prompt."""
-        items, batch = split_generate_body(body)
+    def generate(self, body: dict[str, Any] | GenerateBody, on_rids: Callable[[list[str]], None] | None = None) -> Any:
+        """Forward an SGLang /generate body (validated as a server would); batch bodies are split per prompt and
+        placed per prompt, ``n`` samples of a prompt stay together. Answers exactly what one server answers.
+        ``on_rids`` receives the request ids of every sample before any is sent (to abort them)."""
+        if not isinstance(body, GenerateBody):
+            body = GenerateBody.model_validate(body)
+        self.validate_generate(body)
+        raw = body.model_dump(exclude_unset=True)
+        rids = [r if r is not None else uuid.uuid4().hex for r in item_rids(body)]
+        batch = isinstance(raw.get("text"), list) or (
+            isinstance(raw.get("input_ids"), list) and bool(raw["input_ids"]) and isinstance(raw["input_ids"][0], list)
+        )
+        raw["rid"] = rids if batch else rids[0]
+        items, _ = split_generate_body(raw)
+        counts = [int((item.get("sampling_params") or {}).get("n", 1)) for item in items]
+        if on_rids is not None:
+            on_rids([sample_rid(r, j, c) or "" for r, c in zip(rids, counts) for j in range(c)])
+        predicted = []
+        for item, count in zip(items, counts):
+            pid = ((item.get("sampling_params") or {}).get("custom_params") or {}).get("prompt_id")
+            pid = None if pid is None else str(pid)
+            mean = self.predictor.predict(pid).mean if pid is not None else self.predictor.prior().mean
+            predicted.append(mean * count)
         placement: dict[int, list[int]] = {}
         with self._lock:
-            estimates = [self.predictor.predict(pid) if isinstance(pid, str) else self.predictor.prior()
-                         for pid in (_prompt_id(item) for item in items)]  # fmt: skip
-            predicted = [e.mean for e in estimates]
-            live = self.healthy()
-            if not live:
-                raise RouterError(503, "no healthy backend")
+            live = self._live()
             load = {self.backends.index(b): b.outstanding for b in live}
             for i in sorted(range(len(items)), key=lambda i: -predicted[i]):
                 target = min(load, key=lambda k: (load[k], k))
                 placement.setdefault(target, []).append(i)
                 load[target] += predicted[i]
-        results = self._dispatch(items, placement, predicted, estimates)
+        grouped = self._dispatch(items, placement, predicted, counts)
         with self._lock:
-            for item, out in zip(items, results):
-                pid = (item.get("sampling_params") or {}).get("custom_params", {}).get("prompt_id")
-                if isinstance(pid, str):
-                    self.predictor.observe(pid, self.steps, _completion_tokens(out))
-        return results if batch else results[0]
+            for item, outs in zip(items, grouped):
+                pid = ((item.get("sampling_params") or {}).get("custom_params") or {}).get("prompt_id")
+                if pid is not None:
+                    for out in outs:
+                        self.predictor.observe(str(pid), self.steps, _completion_tokens(out))
+        flat = [out for outs in grouped for out in outs]
+        return flat if batch or len(flat) > 1 else flat[0]
+
+    def abort(self, rids: list[str]) -> None:
+        """Abort these requests on every backend (a client that went away); best effort."""
+        if not rids:
+            return
+        for b in self.healthy():
+            try:
+                b.http.post("/abort_request", content=_dumps({"rid": rids}), timeout=5.0)
+            except httpx.HTTPError:
+                continue
 
     # ---- history and admin fan-out -----------------------------------------------------------------------
-    def push_history(self, step: int, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        """Send a history push to every healthy backend; the lengths feed the predictor."""
+    def push_history(self, body: HistoryPushBody | dict[str, Any]) -> dict[str, Any]:
+        """Validate a history push as a server would, send it to every healthy backend, and only then let the
+        lengths feed the predictor (a push the backends refuse changes nothing here).
+        Example: ``router.push_history({"step": 3, "entries": [{"prompt_id": "p0", "responses": [[5, 9]]}]})``."""
+        if not isinstance(body, HistoryPushBody):
+            body = HistoryPushBody.model_validate(body)
+        checked = to_history_entries(body, self.model_limits(), self.config.limits)
+        answers = self._fan_out("/histospec/history", body.model_dump(exclude_unset=True))
         with self._lock:
-            for e in entries:
-                lengths = [len(r) for r in e.get("responses", []) if isinstance(r, list)]
-                if isinstance(e.get("prompt_id"), str) and lengths:
-                    self.predictor.add(e["prompt_id"], int(step), lengths)
-        return self._fan_out(lambda b: b.client.push_history(step, entries), "accepted")
+            for e in checked:
+                lengths = [len(r) for r in e.responses if r]
+                if lengths:
+                    self.predictor.add(e.prompt_id, int(body.step), lengths)
+        done = [a["accepted"] for a in answers.values() if isinstance(a, dict) and "accepted" in a]
+        return {"accepted": min(done), "backends": answers}
 
     def end_step(self, step: int | None) -> dict[str, Any]:
-        return self._fan_out(lambda b: (b.client.end_step(step), 1)[1], "success")
+        return {"success": True, "backends": self._fan_out("/histospec/end_step", {"step": step})}
 
-    def _fan_out(self, call, key: str) -> dict[str, Any]:  # noqa: ANN001
-        live = self.healthy()
-        if not live:
-            raise RouterError(503, "no healthy backend")
-        futures = {self._pool.submit(call, b): b for b in live}
-        per_backend: dict[str, Any] = {}
-        for fut, b in futures.items():
+    def update_weights(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Fan a weight update out to every healthy backend; remembered, so a backend that comes back loads it."""
+        answers = self._fan_out("/update_weights_from_disk", raw)
+        self._weights = dict(raw)
+        messages = {a.get("message") for a in answers.values() if isinstance(a, dict)}
+        message = messages.pop() if len(messages) == 1 else "Succeeded to update model weights."
+        return {"success": True, "message": message, "num_paused_requests": 0, "backends": answers}
+
+    def flush_cache(self) -> str:
+        answers = self._fan_out("/flush_cache", None, parse=False)
+        texts = {a for a in answers.values() if isinstance(a, str)}
+        return texts.pop() if len(texts) == 1 else "Cache flushed."
+
+    def backend_get(self, path: str) -> Any:
+        """GET ``path`` from a healthy backend (model info: every backend serves the same model)."""
+        for b in self._live():
             try:
-                per_backend[b.url] = fut.result()
-                b.count("fan_out_ok")
-            except ServerError as exc:
-                if exc.status < 500:
-                    raise RouterError(exc.status, f"{b.url}: {exc.message}") from exc
-                self._down(b)
-                per_backend[b.url] = None
+                response = b.http.get(path, timeout=30.0)
             except httpx.HTTPError:
                 self._down(b)
-                per_backend[b.url] = None
-        done = [v for v in per_backend.values() if v is not None]
-        if not done:
-            raise RouterError(503, "every backend failed")
-        value = min(done) if key == "accepted" else True
-        return {key: value, "backends": per_backend}
+                continue
+            if response.status_code >= 400:
+                raise _error_of(response)
+            return response.json()
+        raise RouterError(503, "every backend failed")
+
+    def fan_out_raw(self, path: str, body: Any) -> dict[str, Any]:
+        """POST ``body`` to every healthy backend (see ``_fan_out``); per-backend answers."""
+        return self._fan_out(path, body)
+
+    def _fan_out(self, path: str, body: Any, parse: bool = True) -> dict[str, Any]:
+        """POST to every healthy backend in parallel. A 4xx from any backend is the answer (the same for all:
+        they serve the same model); a backend that fails otherwise is marked down; at least one must succeed."""
+        live = self._live()
+        content = b"" if body is None else _dumps(body)
+        futures = {self._pool.submit(b.http.post, path, content=content): b for b in live}
+        per_backend: dict[str, Any] = {}
+        refused: ApiError | None = None
+        for fut, b in futures.items():
+            try:
+                response = fut.result()
+            except httpx.HTTPError as exc:
+                self._down(b)
+                per_backend[b.url] = {"error": {"message": f"{type(exc).__name__}: {exc}"}}
+                continue
+            if response.status_code >= 400:
+                err = _error_of(response)
+                if response.status_code < 500:
+                    refused = refused or err
+                else:
+                    self._down(b)
+                per_backend[b.url] = {"error": {"message": err.message}}
+                continue
+            b.count("fan_out_ok")
+            per_backend[b.url] = response.json() if parse else response.text
+        if refused is not None:
+            raise refused
+        if not any(not (isinstance(v, dict) and "error" in v) for v in per_backend.values()):
+            detail = "; ".join(f"{u}: {v['error']['message']}" for u, v in per_backend.items())
+            raise RouterError(503, f"every backend failed ({detail})")
+        return per_backend
 
     # ---- dispatch ----------------------------------------------------------------------------------------
     def _dispatch(
@@ -306,17 +484,16 @@ class Router:
         items: list[dict[str, Any]],
         placement: dict[int, list[int]],
         predicted: list[float],
-        estimates: list[LengthEstimate],
-    ) -> list[dict[str, Any]]:
-        if self.config.migrate_outliers:
-            return _Flights(self, items, predicted, estimates).run(placement)
-        return self._dispatch_batched(items, placement, predicted)
-
-    def _dispatch_batched(
-        self, items: list[dict[str, Any]], placement: dict[int, list[int]], predicted: list[float]
-    ) -> list[dict[str, Any]]:
-        """Run ``placement`` (backend index -> item indices); resubmit the items of failed calls elsewhere."""
-        results: list[dict[str, Any] | None] = [None] * len(items)
+        counts: list[int] | None = None,
+        estimates: list[LengthEstimate] | None = None,
+    ) -> list[list[dict[str, Any]]]:
+        """Run ``placement`` (backend index -> item indices); resubmit the items of failed calls elsewhere.
+        Item i is answered by ``counts[i]`` outputs (its ``n`` samples). With ``estimates`` (one sample per item)
+        and ``migrate_outliers``: one call per request, outliers migrated (the module docstring)."""
+        counts = counts or [1] * len(items)
+        if self.config.migrate_outliers and estimates is not None and all(c == 1 for c in counts):
+            return [[out] for out in _Flights(self, items, predicted, estimates).run(placement)]
+        results: list[list[dict[str, Any]] | None] = [None] * len(items)
         attempts = [0] * len(items)
         running: dict[Future, tuple[int, list[int]]] = {}
 
@@ -345,12 +522,18 @@ class Router:
                     backend.count("failed_requests", len(idx))
                     self._resubmit(idx, attempts, predicted, submit, exclude=b)
                     continue
-                for i, out in zip(idx, outs):
+                expected = sum(counts[i] for i in idx)
+                if len(outs) != expected:
+                    raise RouterError(502, f"{backend.url} answered {len(outs)} items for {expected} samples")
+                pos = 0
+                for i in idx:
                     assert results[i] is None, "a request was answered twice"
-                    meta = out.setdefault("meta_info", {})
-                    meta["histopipe"] = {"backend": backend.url, "attempts": attempts[i]}
-                    results[i] = out
-                backend.count("requests", len(idx))
+                    results[i] = outs[pos : pos + counts[i]]
+                    pos += counts[i]
+                    for out in results[i]:
+                        meta = out.setdefault("meta_info", {})
+                        meta["histopipe"] = {"backend": backend.url, "attempts": attempts[i]}
+                backend.count("requests", len(outs))
                 backend.count("completion_tokens", sum(_completion_tokens(o) for o in outs))
         assert all(r is not None for r in results), "a request was lost"
         return results  # type: ignore[return-value]
@@ -364,6 +547,8 @@ class Router:
         self, idx: list[int], attempts: list[int], predicted: list[float], exclude: int
     ) -> dict[int, list[int]]:
         """New backends (least outstanding work first) for the requests of a failed call."""
+        if self._stop.is_set():
+            raise RouterError(503, "the router is shutting down")
         over = [i for i in idx if attempts[i] >= self.config.max_attempts]
         if over:
             raise RouterError(503, f"requests {over[:5]} failed on {self.config.max_attempts} backends")
@@ -382,13 +567,13 @@ class Router:
     def _post(self, backend: Backend, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         body = join_generate_items(items)
         try:
-            response = backend.http.post("/generate", json=body)
-        except httpx.HTTPError as exc:
+            response = backend.http.post("/generate", content=_dumps(body))
+        except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: the client was closed at shutdown
             raise _BackendDown(str(exc)) from exc
         if response.status_code >= 500:
             raise _BackendDown(f"HTTP {response.status_code}")
         if response.status_code >= 400:
-            raise RouterError(response.status_code, f"{backend.url}: {response.text}")
+            raise _error_of(response)
         out = response.json()
         return out if isinstance(out, list) else [out]
 
@@ -416,6 +601,28 @@ class Router:
                 for b in self.backends
             ],
         }
+
+    def histospec_stats(self) -> dict[str, Any]:
+        """A server's ``/histospec/stats`` summed over the healthy backends (``tau`` recomputed), plus
+        ``per_backend`` and the router's own ``router`` stats."""
+        per_backend: dict[str, Any] = {}
+        for b in self.healthy():
+            try:
+                per_backend[b.url] = b.client.stats()
+            except Exception as exc:  # a backend that cannot answer is listed with the reason
+                per_backend[b.url] = {"error": {"message": f"{type(exc).__name__}: {exc}"}}
+        total: dict[str, Any] = {}
+        history: dict[str, Any] = {}
+        for st in per_backend.values():
+            for k, v in st.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "tau":
+                    total[k] = total.get(k, 0) + v
+            for k, v in (st.get("history") or {}).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    history[k] = history.get(k, 0) + v
+        if "generated_tokens" in total:
+            total["tau"] = total["generated_tokens"] / total["verify_steps"] if total.get("verify_steps") else 1.0
+        return {**total, "history": history, "per_backend": per_backend, "router": self.stats()}
 
     def metrics_text(self) -> str:
         lines = [
@@ -622,8 +829,9 @@ def _joined(head: dict[str, Any] | None, tail: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _prompt_id(item: dict[str, Any]) -> Any:
-    return ((item.get("sampling_params") or {}).get("custom_params") or {}).get("prompt_id")
+def _dumps(body: Any) -> bytes:
+    """JSON with non-ASCII escaped: encodes whatever the client sent."""
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _completion_tokens(out: dict[str, Any]) -> int:

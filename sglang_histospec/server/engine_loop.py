@@ -7,12 +7,13 @@ the commands behind it wait too: requests sent after a weight update run entirel
 sent before it entirely on the old ones.
 
 The engine is duck-typed (``add_request``, ``step``, ``has_unfinished``, ``abort``, ``drafter``); no torch import.
-The history is snapshotted by ``snapshot(path)`` on this thread: ``snapshot_debounce_s`` after the first change
-(push or end_step) that is not yet on disk, and at ``stop()``.
+With a ``history`` (``core.history_log.DurableHistory``) every change is logged durably by the command that makes
+it; this thread compacts the log into a snapshot ``snapshot_debounce_s`` after the first change that is not in
+one, retries a failed snapshot after as long again, and writes a last one at ``stop()``.
 
 Example::
 
-    loop = EngineLoop(engine, snapshot_path="/tmp/h/history.bin")
+    loop = EngineLoop(engine, history=DurableHistory("/tmp/h"))
     loop.start()
     fut = loop.submit_request(GenerateRequest(rid="a", input_ids=[1, 2]))   # concurrent.futures.Future
     result = fut.result()
@@ -25,7 +26,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -55,17 +55,10 @@ class EngineLoop:
     """Owns ``engine`` from ``start()`` to ``stop()``; no other thread may touch it."""
 
     def __init__(
-        self,
-        engine: Any,
-        *,
-        snapshot: Callable[[Any, str], None] | None = None,
-        snapshot_path: str | None = None,
-        snapshot_debounce_s: float = 2.0,
-        idle_wait_s: float = 0.05,
+        self, engine: Any, *, history: Any = None, snapshot_debounce_s: float = 2.0, idle_wait_s: float = 0.05
     ) -> None:
         self.engine = engine
-        self._snapshot_fn = snapshot or (lambda eng, path: eng.drafter.snapshot(path))
-        self.snapshot_path = snapshot_path
+        self.history = history
         self.snapshot_debounce_s = snapshot_debounce_s
         self._idle_wait_s = idle_wait_s
         self._queue: collections.deque[_Command] = collections.deque()
@@ -73,6 +66,7 @@ class EngineLoop:
         self._pending: dict[str, _Pending] = {}
         self._stopping = False
         self._failed: str | None = None
+        self._draining = False
         self._dirty_since: float | None = None
         self.snapshots_written = 0
         self._thread = threading.Thread(target=self._run, name="histospec-engine", daemon=True)
@@ -86,17 +80,33 @@ class EngineLoop:
         """Why the engine stopped serving (an exception inside ``step``), or None."""
         return self._failed
 
+    @property
+    def degraded(self) -> str | None:
+        """Why the history is not being saved (the last log or snapshot write failed), or None."""
+        return None if self.history is None else self.history.problem
+
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopping and self._failed is None
+        return self._thread.is_alive() and not self._stopping and not self._draining and self._failed is None
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work and abort what runs or waits (its answers go out now); ``stop()`` follows."""
+        with self._cond:
+            self._draining = True
+        self.call(lambda engine: [engine.abort(rid) for rid in list(self._pending)], internal=True)
 
     def call(
-        self, fn: Callable[[Any], Any], *, barrier: bool = False, changes_history: bool = False
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        barrier: bool = False,
+        changes_history: bool = False,
+        internal: bool = False,
     ) -> concurrent.futures.Future:
         """Run ``fn(engine)`` on the engine thread between steps; the future holds its result or exception.
         ``barrier``: wait until the engine is idle first. ``changes_history``: schedule a snapshot."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            if self._stopping or self._failed is not None:
+            if self._stopping or self._failed is not None or (self._draining and not internal):
                 fut.set_exception(BackendUnavailable(self._failed or "server is shutting down"))
                 return fut
             self._queue.append(_Command(fn, fut, barrier, changes_history))
@@ -181,7 +191,7 @@ class EngineLoop:
             cmd.future.set_exception(exc)
         else:
             cmd.future.set_result(value)
-        if cmd.changes_history and self.snapshot_path is not None and self._dirty_since is None:
+        if cmd.changes_history and self.history is not None and self._dirty_since is None:
             self._dirty_since = time.monotonic()
 
     def _step(self) -> None:
@@ -202,19 +212,18 @@ class EngineLoop:
                 pending.future.set_result(result)
 
     def _maybe_snapshot(self, force: bool) -> None:
-        if self.snapshot_path is None or self._dirty_since is None:
+        if self.history is None or self._dirty_since is None:
             return
         if not force and time.monotonic() < self._dirty_since + self.snapshot_debounce_s:
             return
-        self._dirty_since = None
-        tmp = f"{self.snapshot_path}.tmp"
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(self.snapshot_path)), exist_ok=True)
-            self._snapshot_fn(self.engine, tmp)
-            os.replace(tmp, self.snapshot_path)
-            self.snapshots_written += 1
-        except Exception:
-            logger.exception("history snapshot to %s failed", self.snapshot_path)
+            self.history.snapshot(self.engine.drafter)
+        except Exception:  # the log still holds every acknowledged change; retried after the debounce
+            logger.exception("history snapshot failed: %s", self.history.problem)
+            self._dirty_since = time.monotonic()
+            return
+        self._dirty_since = None
+        self.snapshots_written += 1
 
     def _shutdown(self) -> None:
         with self._cond:
@@ -237,6 +246,8 @@ class EngineLoop:
             if not pending.future.done():
                 pending.future.set_exception(BackendUnavailable("server is shutting down"))
         self._pending.clear()
-        if self._dirty_since is None and self.snapshot_path is not None:  # always write at the end
+        if self._dirty_since is None and self.history is not None:  # always write at the end
             self._dirty_since = time.monotonic()
         self._maybe_snapshot(force=True)
+        if self.history is not None:
+            self.history.close()

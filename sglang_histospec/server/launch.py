@@ -8,8 +8,12 @@ Example::
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import ipaddress
+import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 
@@ -24,6 +28,29 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments ``histospec serve`` and ``histospec route`` share: the admin key and every client limit."""
+    from sglang_histospec.server.schemas import RequestLimits
+
+    parser.add_argument(
+        "--admin-api-key",
+        default=os.environ.get("HISTOSPEC_ADMIN_API_KEY") or None,
+        help="guards history, end_step, weight, flush and abort routes (Authorization: Bearer KEY); "
+        "default $HISTOSPEC_ADMIN_API_KEY",
+    )
+    parser.add_argument("--max-request-bytes", type=int, default=64 * 2**20, help="larger bodies get 413")
+    for f in dataclasses.fields(RequestLimits):
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=f.default, help=f"client limit (400 above it); {f.name}")
+
+
+def limits_from_args(args: argparse.Namespace) -> Any:
+    """The ``RequestLimits`` of parsed ``add_common_arguments`` (ValueError on a bad value)."""
+    from sglang_histospec.server.schemas import RequestLimits
+
+    return RequestLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RequestLimits)})
 
 
 def check_bind(host: str, admin_api_key: str | None) -> None:
@@ -42,9 +69,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def run_app(app: Any, host: str, port: int, admin_api_key: str | None = None, log_level: str = "info") -> None:
-    """Serve ``app`` until interrupted (SIGINT/SIGTERM shut it down cleanly: the backend snapshots history)."""
+def run_app(
+    app: Any,
+    host: str,
+    port: int,
+    admin_api_key: str | None = None,
+    log_level: str = "info",
+    on_signal: Callable[[], None] | None = None,
+    shutdown_timeout_s: float = 10.0,
+) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM. ``on_signal`` runs at the signal (abort what runs, so answers go out at
+    once); connections still open after ``shutdown_timeout_s`` are closed; then the app's shutdown runs (the
+    backend snapshots its history)."""
     import uvicorn
 
     check_bind(host, admin_api_key)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if on_signal is not None and not self.should_exit:
+                on_signal()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s
+    )
+    _Server(config).run()

@@ -38,6 +38,9 @@ class ServerCounters:
     """/generate calls whose client went away before the answer (their requests were aborted)."""
     history_pushes: int = 0
     history_responses_pushed: int = 0
+    """Responses pushed that were new to the history (a repeated prompt+step push counts as replaced)."""
+    history_responses_replaced: int = 0
+    """Responses pushed for a prompt+step the history already held (they replaced the earlier push)."""
     weight_updates: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -94,8 +97,10 @@ _COUNTER_METRICS = (
     ("histospec_client_disconnects_total", "counter", "Generate calls abandoned by their client (aborted).",
      "client_disconnects"),
     ("histospec_history_pushes_total", "counter", "POST /histospec/history calls applied.", "history_pushes"),
-    ("histospec_history_responses_pushed_total", "counter", "Responses added by history pushes.",
+    ("histospec_history_responses_pushed_total", "counter", "Responses added by history pushes (new prompt+step).",
      "history_responses_pushed"),
+    ("histospec_history_responses_replaced_total", "counter",
+     "Responses of pushes that replaced a prompt+step already held.", "history_responses_replaced"),
     ("histospec_weight_updates_total", "counter", "Successful weight updates.", "weight_updates"),
     ("histospec_tau", "gauge", "Generated tokens per verify step since start (1 = no speedup).", "tau"),
     ("histospec_accept_rate", "gauge", "Accepted / drafted tokens since start.", "accept_rate"),

@@ -24,9 +24,9 @@ class BackendError(RuntimeError):
     ``status`` is the HTTP status the route answers with.
     """
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, field: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.field = status, field
 
 
 class BackendUnavailable(BackendError):
@@ -34,6 +34,13 @@ class BackendUnavailable(BackendError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status=503)
+
+
+class HistoryNotDurable(BackendError):
+    """The history directory cannot be written: the change was not acknowledged (HTTP 507, names the cause)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=507)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +127,11 @@ class Backend(Protocol):
 
     def is_ready(self) -> bool: ...
 
+    def health_problem(self) -> str | None:
+        """None while the backend serves normally, else why not (``/health`` answers 503 with it), e.g. an
+        engine failure or a history directory that can no longer be written."""
+        ...
+
     def tokenize(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
@@ -130,8 +142,14 @@ class Backend(Protocol):
         """Abort these requests if they still run; their ``generate`` call returns them with finish type abort."""
         ...
 
-    async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
-        """Add the entries between engine steps; returns the number of responses added."""
+    async def abort_all(self) -> None:
+        """Abort every queued or running request."""
+        ...
+
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> tuple[int, int]:
+        """Add the entries between engine steps, durably when the backend keeps a history directory (raises
+        ``HistoryNotDurable`` if it cannot); returns (responses stored, of which replaced a prompt+step the history
+        already held)."""
         ...
 
     async def end_step(self, step: int | None) -> None:

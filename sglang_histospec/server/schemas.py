@@ -14,16 +14,62 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from sglang_histospec.server.protocol import GenerationInput, HistoryEntry, ModelLimits
 
 DEFAULT_MAX_NEW_TOKENS = 128
 """SGLang's default when ``max_new_tokens`` is absent."""
 MAX_PARALLEL_SAMPLES = 1024
-"""Largest ``sampling_params.n``: samples per prompt, answered prompt-major as one list."""
+"""Default largest ``sampling_params.n`` (and router ``group_size``): samples per prompt, answered prompt-major."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Limits on what a client controls, checked before any heavy work; each refusal is a 400 naming the limit.
+
+    Example: ``RequestLimits(max_text_chars=1000)`` refuses a 1001-character ``text`` before tokenizing it.
+    """
+
+    max_text_chars: int = 2**20
+    """Characters of ``text`` in one /generate (all prompts together), checked before tokenizing."""
+    max_prompts: int = 4096
+    """Prompts in one /generate batch or router step."""
+    max_n: int = MAX_PARALLEL_SAMPLES
+    """``sampling_params.n`` and the router's ``group_size``."""
+    max_samples: int = 16384
+    """Prompts x samples per prompt in one /generate or router step."""
+    max_id_chars: int = 512
+    """Length of a ``prompt_id`` or ``rid``."""
+    max_history_entries: int = 65536
+    """Entries in one history push."""
+    max_responses_per_entry: int = 4096
+    """Responses of one history entry."""
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RequestLimits.{name}={value!r}: must be an int >= 1")
+
+
+def _valid_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not valid Unicode (lone surrogate at position {exc.start}); send UTF-8 text") from None
+    return value
+
+
+Str = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+"""A JSON string that encodes as UTF-8 (a lone ``\\ud800`` is refused with a 400, never a 500)."""
+Int = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
+"""A JSON integer within int64 (larger ones are refused, never overflow later)."""
+Step = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+"""A training step: an int64 >= 0."""
 
 
 class FieldError(ValueError):
@@ -38,15 +84,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-Number = StrictInt | StrictFloat
+Number = Int | StrictFloat
 
 
 class CustomParams(BaseModel):
     """``sampling_params.custom_params``: free-form in SGLang; we read ``prompt_id`` and keep the rest."""
 
     model_config = ConfigDict(extra="allow", strict=True)
-    prompt_id: StrictStr | StrictInt | None = None
-    seed_offset: StrictInt | None = None
+    prompt_id: Str | Int | None = None
+    seed_offset: Int | None = None
     """histospec extension: output token j uses the seeded stream's draw ``seed_offset + j`` (a request resumed
     from prompt + its first k tokens with ``seed_offset=k`` continues as the original would have; torch backend)."""
 
@@ -55,56 +101,49 @@ class SamplingParamsBody(_Strict):
     """SGLang ``sampling_params``. Fields the torch backend cannot honour are accepted only at their
     neutral value (so SGLang clients that send defaults work) and refused otherwise."""
 
-    max_new_tokens: StrictInt | None = None
+    max_new_tokens: Int | None = None
     temperature: Number = 1.0
     top_p: Number = 1.0
-    top_k: StrictInt = -1
+    top_k: Int = -1
     min_p: Number = 0.0
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop: Str | list[Str] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: StrictBool = False
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
     no_stop_trim: StrictBool = False
-    n: StrictInt = 1
-    min_new_tokens: StrictInt = 0
+    n: Int = 1
+    min_new_tokens: Int = 0
     frequency_penalty: Number = 0.0
     presence_penalty: Number = 0.0
     repetition_penalty: Number = 1.0
-    sampling_seed: StrictInt | None = None
-    seed: StrictInt | None = None
+    sampling_seed: Int | None = None
+    seed: Int | None = None
     """Alias of ``sampling_seed``."""
-    regex: StrictStr | None = None
-    json_schema: StrictStr | None = None
-    ebnf: StrictStr | None = None
-    structural_tag: StrictStr | None = None
+    regex: Str | None = None
+    json_schema: Str | None = None
+    ebnf: Str | None = None
+    structural_tag: Str | None = None
     logit_bias: dict[str, Number] | None = None
-    stream_interval: StrictInt | None = None
+    stream_interval: Int | None = None
     custom_params: CustomParams | None = None
-
-
-class AbortBody(_Strict):
-    """SGLang's ``/abort_request`` body: abort request ``rid`` (or every request with ``abort_all``)."""
-
-    rid: StrictStr = ""
-    abort_all: StrictBool = False
 
 
 class GenerateBody(_Strict):
     """SGLang's native /generate body (``GenerateReqInput``), single or batch. Unknown keys are refused."""
 
-    text: StrictStr | list[StrictStr] | None = None
-    input_ids: list[StrictInt] | list[list[StrictInt]] | None = None
+    text: Str | list[Str] | None = None
+    input_ids: list[Int] | list[list[Int]] | None = None
     sampling_params: SamplingParamsBody | list[SamplingParamsBody] | None = None
     return_logprob: StrictBool | list[StrictBool] = False
-    logprob_start_len: StrictInt | list[StrictInt] = -1
-    top_logprobs_num: StrictInt | list[StrictInt] = 0
+    logprob_start_len: Int | list[Int] = -1
+    top_logprobs_num: Int | list[Int] = 0
     token_ids_logprob: None = None
     return_text_in_logprobs: StrictBool = False
-    rid: StrictStr | list[StrictStr] | None = None
+    rid: Str | list[Str] | None = None
     stream: StrictBool = False
-    session_id: StrictStr | None = None
-    priority: StrictInt | None = None
+    session_id: Str | None = None
+    priority: Int | None = None
     lora_path: None = None
     custom_logit_processor: None = None
     return_hidden_states: StrictBool = False
@@ -129,10 +168,10 @@ class GenerateBody(_Strict):
 
 
 class HistoryEntryBody(_Strict):
-    prompt_id: StrictStr | StrictInt
-    responses: list[list[StrictInt]]
+    prompt_id: Str | Int
+    responses: list[list[Int]]
     rewards: list[Number] | None = None
-    prompt_tokens: list[StrictInt] | None = None
+    prompt_tokens: list[Int] | None = None
     """Optional: the prompt, whose last tokens go before each response (else the prompt of the latest request
     with this prompt id)."""
 
@@ -140,31 +179,107 @@ class HistoryEntryBody(_Strict):
 class HistoryPushBody(_Strict):
     """``POST /histospec/history``."""
 
-    step: StrictInt = Field(ge=0)
+    step: Step
     entries: list[HistoryEntryBody]
 
 
 class EndStepBody(_Strict):
     """``POST /histospec/end_step``: close the drafter's open step (optional; weight updates do it too)."""
 
-    step: StrictInt | None = None
+    step: Step | None = None
 
 
 class UpdateWeightsFromDiskBody(_Strict):
     """SGLang's ``UpdateWeightFromDiskReqInput`` (fields we cannot honour accepted at their defaults)."""
 
-    model_path: StrictStr
-    load_format: StrictStr | None = None
+    model_path: Str
+    load_format: Str | None = None
     abort_all_requests: StrictBool = False
-    weight_version: StrictStr | StrictInt | None = None
+    weight_version: Str | Int | None = None
     is_async: StrictBool = False
     torch_empty_cache: StrictBool = False
     keep_pause: StrictBool = False
     recapture_cuda_graph: StrictBool = False
-    token_step: StrictInt = 0
+    token_step: Int = 0
     flush_cache: StrictBool = True
     manifest: Any = None
 
+
+class AbortRequestBody(_Strict):
+    """SGLang's ``/abort_request`` body: one ``rid`` (or a list of them), or ``abort_all``."""
+
+    rid: Str | list[Str] = ""
+    abort_all: StrictBool = False
+
+
+class StepPrompt(_Strict):
+    """One prompt of a router step."""
+
+    prompt_id: Str | Int
+    input_ids: list[Int]
+
+
+class StepBody(_Strict):
+    """The router's ``POST /histopipe/step``: ``group_size`` samples of every prompt (sample j of prompt i at
+    ``i * group_size + j``); ``sampling_params.n`` stays 1 (``group_size`` is the number of samples)."""
+
+    step: Step | None = None
+    prompts: list[StepPrompt]
+    group_size: Int = 1
+    sampling_params: SamplingParamsBody | None = None
+    return_logprob: StrictBool = False
+
+
+def step_to_generate_body(body: StepBody, limits: RequestLimits) -> GenerateBody:
+    """Check a step against ``limits`` and turn it into the equivalent /generate body (all samples expanded).
+
+    Example: a step of 2 prompts with ``group_size=3`` becomes a /generate batch of 6 prompts, prompt-major.
+    """
+    if not body.prompts:
+        raise FieldError("prompts", "empty step")
+    if len(body.prompts) > limits.max_prompts:
+        raise FieldError(
+            "prompts", f"has {len(body.prompts)} prompts; the limit is {limits.max_prompts} (max_prompts)"
+        )
+    g = body.group_size
+    if not 1 <= g <= limits.max_n:
+        raise FieldError("group_size", f"must be in [1, {limits.max_n}] (max_n), got {g}")
+    if len(body.prompts) * g > limits.max_samples:
+        raise FieldError(
+            "group_size",
+            f"{len(body.prompts)} prompts x group_size {g} is {len(body.prompts) * g} samples; "
+            f"the limit is {limits.max_samples} (max_samples)",
+        )
+    sp = body.sampling_params or SamplingParamsBody()
+    if sp.n != 1:
+        raise FieldError("sampling_params.n", "must be 1 in a step; group_size sets the samples per prompt")
+    base = sp.model_dump(exclude_unset=True)
+    params, ids = [], []
+    for i, p in enumerate(body.prompts):
+        _check_id(str(p.prompt_id), f"prompts[{i}].prompt_id", limits)
+        if not p.input_ids:
+            raise FieldError(f"prompts[{i}].input_ids", "empty prompt")
+        custom = {**(base.get("custom_params") or {}), "prompt_id": str(p.prompt_id)}
+        params += [{**base, "custom_params": custom}] * g
+        ids += [p.input_ids] * g
+    return GenerateBody.model_validate(
+        {"input_ids": ids, "sampling_params": params, "return_logprob": body.return_logprob}
+    )
+
+
+MODELS = (
+    StepBody,
+    StepPrompt,
+    AbortRequestBody,
+    GenerateBody,
+    SamplingParamsBody,
+    CustomParams,
+    HistoryPushBody,
+    HistoryEntryBody,
+    EndStepBody,
+    UpdateWeightsFromDiskBody,
+)
+"""Every request model (their field names make up error paths)."""
 
 # Sampling fields accepted only at their neutral value, with the value they must have.
 _NEUTRAL: dict[str, Any] = {
@@ -232,8 +347,6 @@ def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits,
         raise FieldError(f"{where}.custom_params.seed_offset", f"must be an int >= 0, got {offset}")
     if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
         prompt_id = str(sp.custom_params.prompt_id)
-        if not prompt_id:
-            raise FieldError(f"{where}.custom_params.prompt_id", "must not be empty")
     return dict(
         max_new_tokens=max_new,
         temperature=float(sp.temperature),
@@ -255,48 +368,120 @@ def is_batch(body: GenerateBody) -> bool:
     return bool(body.input_ids) and isinstance(body.input_ids[0], list)
 
 
-def to_generation_inputs(
-    body: GenerateBody, limits: ModelLimits, tokenize: Callable[[str], list[int]] | None
-) -> list[GenerationInput]:
-    """Validate a /generate body against the model and split it into one input per prompt."""
+def _check_id(value: str, where: str, limits: RequestLimits) -> None:
+    if not value:
+        raise FieldError(where, "must not be empty")
+    if len(value) > limits.max_id_chars:
+        raise FieldError(where, f"has {len(value)} characters; the limit is {limits.max_id_chars} (max_id_chars)")
+
+
+def item_rids(body: GenerateBody) -> list[str | None]:
+    """One request id per prompt: a list as sent, or ``"<rid>_<i>"`` derived from one rid string for a batch."""
+    n = num_prompts(body)
+    if body.rid is None:
+        return [None] * n
+    if isinstance(body.rid, list):
+        return _per_item(body.rid, n, "rid")
+    return [f"{body.rid}_{i}" for i in range(n)] if is_batch(body) else [body.rid]
+
+
+def sample_rid(rid: str | None, j: int, n: int) -> str | None:
+    """The rid of parallel sample ``j`` of ``n`` (``"<rid>_<j>"``; unchanged when n == 1)."""
+    return rid if n == 1 or rid is None else f"{rid}_{j}"
+
+
+def num_prompts(body: GenerateBody) -> int:
+    """Prompts in a /generate body (before parallel samples); 1 for a single prompt."""
+    if body.text is not None:
+        return len(body.text) if isinstance(body.text, list) else 1
+    if body.input_ids is None:
+        return 0
+    return len(body.input_ids) if is_batch(body) else 1
+
+
+def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
+    """Every check of a /generate body that needs no model (shape, client limits, ids); returns the number of
+    samples it asks for (prompts x n). Cheap: run it before tokenizing. Shared by the server and the router.
+
+    Example: ``check_generate_body(GenerateBody(input_ids=[[1], [2]], sampling_params={"n": 3}), RequestLimits())``
+    returns 6.
+    """
     if (body.text is None) == (body.input_ids is None):
         raise FieldError("input_ids", "send exactly one of `text` and `input_ids`")
     if body.stream:
         raise FieldError("stream", "streaming is not supported; send stream=false")
     if body.return_hidden_states:
         raise FieldError("return_hidden_states", "not supported")
-    if body.text is not None:
-        if not limits.has_tokenizer or tokenize is None:
-            raise FieldError("text", "this model has no tokenizer; send input_ids")
-        texts = body.text if isinstance(body.text, list) else [body.text]
-        prompts, field_name = [], "text"
-        for i, t in enumerate(texts):
-            if not t:
-                raise FieldError(f"text[{i}]" if is_batch(body) else "text", "empty prompt")
-            prompts.append(tokenize(t))
-    else:
-        assert body.input_ids is not None
-        prompts = body.input_ids if is_batch(body) else [body.input_ids]  # type: ignore[list-item]
-        field_name = "input_ids"
-    n = len(prompts)
+    batch, n = is_batch(body), num_prompts(body)
+    field_name = "text" if body.text is not None else "input_ids"
     if n == 0:
         raise FieldError(field_name, "empty batch")
-    batch = is_batch(body)
+    if n > limits.max_prompts:
+        raise FieldError(field_name, f"has {n} prompts; the limit is {limits.max_prompts} (max_prompts)")
+    if body.text is not None:
+        texts = body.text if isinstance(body.text, list) else [body.text]
+        chars = sum(len(t) for t in texts)
+        if chars > limits.max_text_chars:
+            raise FieldError("text", f"has {chars} characters; the limit is {limits.max_text_chars} (max_text_chars)")
+        for i, t in enumerate(texts):
+            if not t:
+                raise FieldError(f"text[{i}]" if batch else "text", "empty prompt")
+    else:
+        prompts = body.input_ids if batch else [body.input_ids]
+        for i, ids in enumerate(prompts):  # type: ignore[union-attr]
+            if len(ids) == 0:
+                raise FieldError(f"input_ids[{i}]" if batch else "input_ids", "empty prompt")
     sps = _per_item(body.sampling_params, n, "sampling_params")
-    logprobs = _per_item(body.return_logprob, n, "return_logprob")
-    if body.rid is None:
-        rids: list[str | None] = [None] * n
-    elif isinstance(body.rid, list):
-        rids = _per_item(body.rid, n, "rid")
-    else:  # one rid string for a batch: one id per item, derived from it
-        rids = [f"{body.rid}_{i}" for i in range(n)] if batch else [body.rid]
+    _per_item(body.return_logprob, n, "return_logprob")
+    rids = item_rids(body)
     named = [r for r in rids if r is not None]
     if len(set(named)) != len(named):
         raise FieldError("rid", "request ids in one batch must be distinct")
+    for r in named:
+        _check_id(r, "rid", limits)
     if any(v != -1 for v in _per_item(body.logprob_start_len, n, "logprob_start_len")):
         raise FieldError("logprob_start_len", "input-token logprobs are not supported; leave it at -1")
     if any(v != 0 for v in _per_item(body.top_logprobs_num, n, "top_logprobs_num")):
         raise FieldError("top_logprobs_num", "top logprobs are not supported; leave it at 0")
+    first_n = (sps[0] or SamplingParamsBody()).n
+    for i, sp in enumerate(sps):
+        sp = sp or SamplingParamsBody()
+        where = f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
+        if sp.n < 1 or sp.n > limits.max_n:
+            raise FieldError(f"{where}.n", f"must be in [1, {limits.max_n}] (max_n), got {sp.n}")
+        if sp.n != first_n:
+            raise FieldError(f"{where}.n", "must be the same for every prompt of a batch")
+        if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
+            _check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
+    if n * first_n > limits.max_samples:
+        raise FieldError(
+            "sampling_params.n",
+            f"{n} prompts x n={first_n} is {n * first_n} samples; the limit is {limits.max_samples} (max_samples)",
+        )
+    return n * first_n
+
+
+def to_generation_inputs(
+    body: GenerateBody,
+    limits: ModelLimits,
+    tokenize: Callable[[str], list[int]] | None,
+    request_limits: RequestLimits | None = None,
+) -> list[GenerationInput]:
+    """Validate a /generate body against the model and split it into one input per prompt and sample."""
+    check_generate_body(body, request_limits or RequestLimits())
+    batch, n = is_batch(body), num_prompts(body)
+    if body.text is not None:
+        if not limits.has_tokenizer or tokenize is None:
+            raise FieldError("text", "this model has no tokenizer; send input_ids")
+        texts = body.text if isinstance(body.text, list) else [body.text]
+        prompts, field_name = [tokenize(t) for t in texts], "text"
+    else:
+        assert body.input_ids is not None
+        prompts = body.input_ids if batch else [body.input_ids]  # type: ignore[list-item]
+        field_name = "input_ids"
+    sps = _per_item(body.sampling_params, n, "sampling_params")
+    logprobs = _per_item(body.return_logprob, n, "return_logprob")
+    rids = item_rids(body)
     out: list[GenerationInput] = []
     for i, ids in enumerate(prompts):
         where = f"{field_name}[{i}]" if batch else field_name
@@ -308,36 +493,53 @@ def to_generation_inputs(
         sp_where = f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
         sp = sps[i] or SamplingParamsBody()
         kwargs = _sampling_to_kwargs(sp, sp_where, limits, len(ids))
-        if sp.n < 1 or sp.n > MAX_PARALLEL_SAMPLES:
-            raise FieldError(f"{sp_where}.n", f"must be in [1, {MAX_PARALLEL_SAMPLES}], got {sp.n}")
-        if sp.n != (sps[0] or SamplingParamsBody()).n:
-            raise FieldError(f"{sp_where}.n", "must be the same for every prompt of a batch")
         for j in range(sp.n):  # parallel samples: prompt-major, rid "<rid>_<j>", seed + j
             item = GenerationInput(input_ids=list(ids), return_logprob=logprobs[i], rid=rids[i], **kwargs)
+            item.rid = sample_rid(rids[i], j, sp.n)
             if sp.n > 1:
-                item.rid = None if rids[i] is None else f"{rids[i]}_{j}"
                 item.seed = None if item.seed is None else item.seed + j
             out.append(item)
     return out
 
 
-def to_history_entries(body: HistoryPushBody, limits: ModelLimits) -> list[HistoryEntry]:
-    """Validate a history push completely before anything is applied (a bad entry changes nothing)."""
+def to_history_entries(
+    body: HistoryPushBody, limits: ModelLimits | None, request_limits: RequestLimits | None = None
+) -> list[HistoryEntry]:
+    """Validate a history push completely before anything is applied (a bad entry changes nothing).
+    ``limits=None`` skips the vocabulary check (a router that does not know the model)."""
+    request_limits = request_limits or RequestLimits()
+    if len(body.entries) > request_limits.max_history_entries:
+        raise FieldError(
+            "entries",
+            f"has {len(body.entries)} entries; the limit is {request_limits.max_history_entries} "
+            "(max_history_entries); split the push",
+        )
     out: list[HistoryEntry] = []
     for i, e in enumerate(body.entries):
         where = f"entries[{i}]"
         pid = str(e.prompt_id)
-        if not pid:
-            raise FieldError(f"{where}.prompt_id", "must not be empty")
+        _check_id(pid, f"{where}.prompt_id", request_limits)
+        if len(e.responses) > request_limits.max_responses_per_entry:
+            raise FieldError(
+                f"{where}.responses",
+                f"has {len(e.responses)} responses; the limit is {request_limits.max_responses_per_entry} "
+                "(max_responses_per_entry)",
+            )
         for r, resp in enumerate(e.responses):
-            _check_tokens(resp, limits, f"{where}.responses[{r}]")
+            if limits is not None:
+                _check_tokens(resp, limits, f"{where}.responses[{r}]")
+            elif resp and min(resp) < 0:
+                raise FieldError(f"{where}.responses[{r}]", "token ids must be >= 0")
         if e.rewards is not None and len(e.rewards) != len(e.responses):
             raise FieldError(f"{where}.rewards", f"has {len(e.rewards)} values for {len(e.responses)} responses")
         rewards = None if e.rewards is None else [float(x) for x in e.rewards]
         if rewards is not None and any(x != x or x in (float("inf"), float("-inf")) for x in rewards):
             raise FieldError(f"{where}.rewards", "must be finite numbers")
         if e.prompt_tokens is not None:
-            _check_tokens(e.prompt_tokens, limits, f"{where}.prompt_tokens")
+            if limits is not None:
+                _check_tokens(e.prompt_tokens, limits, f"{where}.prompt_tokens")
+            elif e.prompt_tokens and min(e.prompt_tokens) < 0:
+                raise FieldError(f"{where}.prompt_tokens", "token ids must be >= 0")
         out.append(
             HistoryEntry(
                 prompt_id=pid, responses=[list(r) for r in e.responses], rewards=rewards, prompt_tokens=e.prompt_tokens

@@ -89,20 +89,18 @@ class SchedulerBridge:
 
 def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
     """Add the /histospec routes to SGLang's FastAPI ``app``."""
-    import hmac
-
     from fastapi import Depends, HTTPException, Request
     from fastapi.responses import JSONResponse
     from sglang.srt.entrypoints.http_server import get_global_state
 
+    from sglang_histospec.server.http_api import bearer_matches, error_body
     from sglang_histospec.server.protocol import ModelLimits
     from sglang_histospec.server.schemas import EndStepBody, FieldError, HistoryPushBody, to_history_entries
 
     def check_admin(request: Request) -> None:
         if admin_api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {admin_api_key}".encode()):
+        if not bearer_matches(request.headers.get("authorization", ""), admin_api_key):
             raise HTTPException(status_code=401, detail="admin route: send Authorization: Bearer <admin key>")
 
     def limits() -> ModelLimits:
@@ -111,7 +109,7 @@ def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
         return ModelLimits(vocab_size=vocab, context_len=int(tm.context_len))
 
     def error(status: int, message: str, field: str | None = None) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "field": field}}, status_code=status)
+        return JSONResponse(error_body(message, field), status_code=status)
 
     counters = {"history_pushes": 0, "history_responses_pushed": 0}
 

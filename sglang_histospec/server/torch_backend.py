@@ -1,5 +1,10 @@
 """The embedded torch engine as a ``Backend`` of the HTTP server: one engine, driven by one ``EngineLoop`` thread.
 
+Durability (``history_dir``): a push or end_step is answered only once its record is fsync'd to the history
+log (``core/history_log.py``); snapshots compact the log. A directory that cannot be written refuses the start
+(ValueError); one lost at run time makes pushes fail with 507 naming the cause and ``/health`` answer 503 until a
+write succeeds again. Responses the server records itself are saved by the next snapshot.
+
 History and steps: every finished response with a prompt id is recorded by the engine as a sibling of the
 drafter's open step. A weight update closes that step (``drafter.end_step``) so the recorded responses become
 history, numbered with the weight version they were generated under when it is an integer (TRL sends the global
@@ -23,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_histospec.core.history_log import SNAPSHOT_NAME, DurableHistory, HistoryWriteError
 from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult, SamplingParams
 from sglang_histospec.server.engine_loop import EngineLoop
 from sglang_histospec.server.protocol import (
@@ -30,12 +36,13 @@ from sglang_histospec.server.protocol import (
     GenerationInput,
     GenerationOutput,
     HistoryEntry,
+    HistoryNotDurable,
     ModelLimits,
 )
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_NAME = "history.snapshot"
+__all__ = ["SNAPSHOT_NAME", "TorchBackend", "TorchBackendConfig"]
 
 
 @dataclass(slots=True)
@@ -44,12 +51,16 @@ class TorchBackendConfig:
 
     engine: EngineConfig
     history_dir: str | None = None
-    """Directory of the history snapshot: restored at start, written after pushes / end_step (debounced) and at
-    shutdown. None = history lives in memory only."""
+    """Directory of the history (log + snapshot): restored at start, every push / end_step logged before it is
+    answered. None = history lives in memory only."""
     snapshot_debounce_s: float = 2.0
-    """Seconds between the first unsaved history change and the snapshot that saves it."""
+    """Seconds between the first change not in a snapshot and the snapshot that compacts the log."""
     end_step_on_weight_update: bool = True
     """A weight update closes the drafter's open step (see the module docstring)."""
+
+
+def _entry_record(e: HistoryEntry) -> dict[str, Any]:
+    return {"prompt_id": e.prompt_id, "responses": e.responses, "rewards": e.rewards, "prompt_tokens": e.prompt_tokens}
 
 
 def _parse_step(version: str | None) -> int | None:
@@ -69,12 +80,12 @@ class TorchBackend:
         from sglang_histospec.engine.engine import Engine
 
         self.config = config
-        self.snapshot_path = None
+        self.history: DurableHistory | None = None
         drafter = None
         if config.history_dir is not None:
-            self.snapshot_path = os.path.join(config.history_dir, SNAPSHOT_NAME)
-            if os.path.exists(self.snapshot_path):
-                drafter = self._restore(self.snapshot_path, config.engine)
+            self.history = DurableHistory(config.history_dir, config.engine.drafter)  # ValueError: not writable
+            drafter = self.history.restore()
+            logger.info("restored history from %s: %s", config.history_dir, drafter.stats())
         self.engine = Engine(config.engine, drafter=drafter)
         self._limits = ModelLimits(
             vocab_size=int(self.engine.vocab_size),
@@ -82,23 +93,17 @@ class TorchBackend:
             has_tokenizer=self.engine.tokenizer is not None,
         )
         self._weight_version = str(self.engine.weight_version or "default")
-        self.loop = EngineLoop(
-            self.engine, snapshot_path=self.snapshot_path, snapshot_debounce_s=config.snapshot_debounce_s
-        )
+        self.loop = EngineLoop(self.engine, history=self.history, snapshot_debounce_s=config.snapshot_debounce_s)
         self.loop.start()
 
-    @staticmethod
-    def _restore(path: str, engine_config: EngineConfig) -> Any:
-        from sglang_histospec.core import DrafterConfig, HistoSpecDrafter
+    def begin_shutdown(self) -> None:
+        """SIGTERM: refuse new work and abort what runs, so every waiting client is answered at once."""
+        self.loop.begin_shutdown()
 
-        try:
-            drafter = HistoSpecDrafter.load(path, engine_config.drafter or DrafterConfig())
-        except ValueError as exc:
-            raise ValueError(
-                f"history snapshot {path} cannot be restored ({exc}); move it away to start empty"
-            ) from exc
-        logger.info("restored history from %s: %s", path, drafter.stats())
-        return drafter
+    def _log(self, record: dict[str, Any]) -> None:
+        """On the engine thread, after applying a change: make it durable (HistoryWriteError if not)."""
+        if self.history is not None:
+            self.history.append(record)
 
     # ---- Backend protocol --------------------------------------------------------------------------------
     def limits(self) -> ModelLimits:
@@ -122,6 +127,13 @@ class TorchBackend:
 
     def is_ready(self) -> bool:
         return self.loop.is_alive()
+
+    def health_problem(self) -> str | None:
+        if self.loop.failed is not None:
+            return self.loop.failed
+        if not self.loop.is_alive():
+            return "server is shutting down"
+        return self.loop.degraded
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.engine.tokenizer(text).input_ids)
@@ -190,35 +202,61 @@ class TorchBackend:
     async def abort(self, rids: list[str]) -> None:
         await self._call(lambda engine: [engine.abort(r) for r in rids])
 
-    async def push_history(self, step: int, entries: list[HistoryEntry]) -> int:
-        def apply(engine: Any) -> int:
-            return sum(
-                int(engine.drafter.add(e.prompt_id, step, e.responses, e.rewards, prompt_tokens=e.prompt_tokens))
-                for e in entries
-            )
+    async def abort_all(self) -> None:
+        await asyncio.wrap_future(self.loop.abort_all())
+
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> tuple[int, int]:
+        def apply(engine: Any) -> tuple[int, int]:
+            stored = replaced = 0
+            for e in entries:
+                again = engine.drafter.has_visit(e.prompt_id, step)
+                n = int(engine.drafter.add(e.prompt_id, step, e.responses, e.rewards, prompt_tokens=e.prompt_tokens))
+                stored += n
+                replaced += n if again else 0
+            self._log({"op": "push", "step": step, "entries": [_entry_record(e) for e in entries]})
+            return stored, replaced
 
         return await self._call(apply, changes_history=True)
 
     async def end_step(self, step: int | None) -> None:
-        await self._call(lambda engine: engine.drafter.end_step(step), changes_history=True)
+        def apply(engine: Any) -> None:
+            closed = engine.drafter.stats()["open_step"] if step is None else step
+            engine.drafter.end_step(step)
+            self._log({"op": "end_step", "step": int(closed)})
+
+        await self._call(apply, changes_history=True)
 
     async def update_weights_from_disk(
         self, model_path: str, flush_cache: bool, weight_version: str | None, abort_all_requests: bool
     ) -> str:
         if not os.path.isdir(model_path):
-            raise BackendError(f"model_path: {model_path!r} is not a directory")
+            raise BackendError(f"model_path: {model_path!r} is not a directory", field="model_path")
         if abort_all_requests:
             await asyncio.wrap_future(self.loop.abort_all())
 
         def apply(engine: Any) -> str:  # on the engine thread, with no request in flight
             generated_under = _parse_step(self._weight_version)
-            engine.update_weights_from_disk(model_path, weight_version)
+            try:
+                engine.update_weights_from_disk(model_path, weight_version)
+            except ValueError:
+                raise
+            except Exception as exc:  # unreadable checkpoint (pickle, truncated file, other config): old weights stay
+                raise BackendError(
+                    f"model_path: cannot load weights from {model_path!r} ({type(exc).__name__}: {exc}); "
+                    "the current weights stay",
+                    field="model_path",
+                ) from exc
             if weight_version is not None:
                 self._weight_version = weight_version
             if flush_cache:
                 engine.flush_cache()
             if self.config.end_step_on_weight_update:
+                closed = engine.drafter.stats()["open_step"] if generated_under is None else generated_under
                 engine.drafter.end_step(generated_under)
+                try:  # the weights are in use now: a failed log write degrades health, not the update
+                    self._log({"op": "end_step", "step": int(closed)})
+                except HistoryWriteError:
+                    logger.exception("weight update: the step end is not durable")
             return f"Succeeded to update model weights from {model_path}."
 
         return await self._call(apply, barrier=True, changes_history=self.config.end_step_on_weight_update)
@@ -248,5 +286,7 @@ class TorchBackend:
     async def _call(self, fn: Any, *, barrier: bool = False, changes_history: bool = False) -> Any:
         try:
             return await asyncio.wrap_future(self.loop.call(fn, barrier=barrier, changes_history=changes_history))
+        except HistoryWriteError as exc:
+            raise HistoryNotDurable(f"{exc}; the change is not acknowledged, retry once the disk is fixed") from exc
         except ValueError as exc:
             raise BackendError(str(exc)) from exc

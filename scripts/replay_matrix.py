@@ -1,0 +1,108 @@
+"""Exact replay of every drafter at several budgets on several traces: a resumable cache and Markdown tables.
+
+Each cell is what ``histospec replay TRACE --drafter D --budget N --json`` prints (the histospec cell also holds the
+all-history oracle). Results are cached in ``--cache`` (one JSON object per line), so an interrupted run resumes and
+a rerun only computes new cells. ``--hs KEY=VALUE,...`` replays histospec with DrafterConfig overrides (tuning
+sweeps), labelled ``histospec[KEY=VALUE,...]``.
+
+Example::
+
+    python scripts/replay_matrix.py docs/data/smollm2-arith.jsonl.gz --budgets 4,8,16,32 --cache build/replay.jsonl
+    python scripts/replay_matrix.py docs/data/smollm2-*.jsonl.gz --drafters histospec --hs window=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_DRAFTERS = "histospec,sglang-ngram,suffix,rhymerl,prompt-lookup"
+PEER_OPTS = {"sglang-ngram": {"ngram_capacity": 1_000_000}}
+
+
+def _overrides(text: str | None) -> dict:
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        key, _, value = item.partition("=")
+        for cast in (int, float):
+            try:
+                value = cast(value)
+                break
+            except ValueError:
+                continue
+        out[key] = value
+    return out
+
+
+def cell(trace: str, drafter: str, budget: int, hs: dict) -> dict:
+    """One replay, as ``histospec replay --json`` reports it."""
+    from sglang_histospec.core.replay import ReplayConfig, replay
+    from sglang_histospec.core.trace import load_steps
+    from sglang_histospec.replay_drafters import build_drafter
+
+    steps, _ = load_steps(trace)
+    ours = drafter == "histospec"
+    cfg = ReplayConfig(budget=budget, oracle=ours, progress=False, oracle_all_history=ours)
+    opts = hs if ours else PEER_OPTS.get(drafter, {})
+    res = replay(steps, build_drafter(drafter, budget, **opts), cfg).to_json()
+    res.pop("per_step", None)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--drafters", default=DEFAULT_DRAFTERS)
+    ap.add_argument("--budgets", default="4,8,16,32")
+    ap.add_argument("--hs", default=None, help="DrafterConfig overrides for histospec: KEY=VALUE,...")
+    ap.add_argument("--cache", default="build/replay_matrix.jsonl")
+    args = ap.parse_args(argv)
+    hs = _overrides(args.hs)
+    label = "histospec" + (f"[{args.hs}]" if args.hs else "")
+    cache = Path(args.cache)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if cache.is_file():
+        for line in cache.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["trace"], r["label"], r["budget"])] = r
+    budgets = [int(b) for b in args.budgets.split(",")]
+    for trace in args.traces:
+        for drafter in args.drafters.split(","):
+            name = label if drafter == "histospec" else drafter
+            for n in budgets:
+                if (trace, name, n) in done:
+                    continue
+                res = {"trace": trace, "label": name, **cell(trace, drafter, n, hs)}
+                done[(trace, name, n)] = res
+                with cache.open("a") as f:
+                    f.write(json.dumps(res) + "\n")
+                print(f"{Path(trace).name} {name} N={n}: tau {res['tau']:.3f}", file=sys.stderr, flush=True)
+    for trace in args.traces:
+        print(table(trace, [r for (t, _, _), r in done.items() if t == trace], budgets))
+    return 0
+
+
+def table(trace: str, rows: list[dict], budgets: list[int]) -> str:
+    """A Markdown table: one row per drafter (and the oracle), one column per budget."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["label"], {})[r["budget"]] = r
+    lines = [f"\n{Path(trace).name}\n", "| drafter | " + " | ".join(f"N={n}" for n in budgets) + " |",
+             "|---|" + "---|" * len(budgets)]  # fmt: skip
+    for name in sorted(by, key=lambda s: (not s.startswith("histospec"), s)):
+        lines.append(f"| {name} | " + " | ".join(_fmt(by[name].get(n), "tau") for n in budgets) + " |")
+    if "histospec" in by:
+        lines.append("| oracle (all history) | " + " | ".join(_fmt(by["histospec"].get(n), "oracle_tau")
+                                                          for n in budgets) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _fmt(r: dict | None, key: str) -> str:
+    return "" if r is None or r.get(key) is None else f"{r[key]:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Durable drafter history: a write-ahead log of pushes and step ends, compacted into snapshots; no torch.
+
+Contract: a change is acknowledged only after its log record is written and fsync'd, so a kill -9 at any point
+loses nothing acknowledged. A snapshot (``core/snapshot.py``, atomic) records the sequence number of the last
+record it holds; the log is then emptied. Restore = snapshot, then every record with a larger sequence number
+(records already in the snapshot are skipped, so a crash between snapshot and truncation replays nothing twice).
+A torn last record (a crash mid-append: never acknowledged) is cut off at restore.
+
+Log layout: ``MAGIC`` then records ``<length u32> <crc32 u32> <seq u64> <payload: UTF-8 JSON>``.
+
+Example::
+
+    store = DurableHistory("/tmp/h", DrafterConfig())     # ValueError if the directory cannot be written
+    drafter = store.restore()                             # snapshot + log, or an empty drafter
+    drafter.add("p", 3, [[5, 6]]); store.append({"op": "push", "step": 3, "entries": [...]})
+    store.snapshot(drafter)                               # compaction
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import stat
+import struct
+import zlib
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"HSPWAL\x00\x01"
+_RECORD = struct.Struct("<IIQ")
+SNAPSHOT_NAME = "history.snapshot"
+LOG_NAME = "history.wal"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` at the file's end and fsync (the one place bytes reach the disk; tests inject faults here)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+    os.fsync(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or a new file in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class HistoryLog:
+    """An append-only, fsync'd, checksummed record log (see the module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        self._fd = os.open(path, flags, 0o644)
+        mode = os.fstat(self._fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(self._fd)
+            raise ValueError(f"history log {path} is not a regular file")
+        self._size = os.fstat(self._fd).st_size
+        if self._size == 0:
+            _write_all(self._fd, MAGIC)
+            self._size = len(MAGIC)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def records(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every intact record as (seq, payload); a torn or corrupt tail is cut off (it was never acknowledged)."""
+        with open(self.path, "rb") as f:
+            data = f.read()
+        if len(data) < len(MAGIC) and MAGIC.startswith(data):  # a crash while the log was being created
+            os.ftruncate(self._fd, 0)
+            _write_all(self._fd, MAGIC)
+            data = MAGIC
+        if data[: len(MAGIC)] != MAGIC:
+            raise ValueError(f"history log {self.path}: not a histospec log (bad magic); move it away to start empty")
+        out: list[tuple[int, dict[str, Any]]] = []
+        pos = len(MAGIC)
+        while pos + _RECORD.size <= len(data):
+            length, crc, seq = _RECORD.unpack_from(data, pos)
+            payload = data[pos + _RECORD.size : pos + _RECORD.size + length]
+            if len(payload) < length or zlib.crc32(payload) != crc:
+                break
+            try:
+                record = json.loads(payload)
+            except ValueError:
+                break
+            out.append((seq, record))
+            pos += _RECORD.size + length
+        if pos != len(data):
+            logger.warning("history log %s: cutting %d bytes of a torn last record", self.path, len(data) - pos)
+            os.ftruncate(self._fd, pos)
+            os.fsync(self._fd)
+        self._size = pos
+        return out
+
+    def append(self, seq: int, record: dict[str, Any]) -> None:
+        """Append one record durably; OSError if it could not be (the log is then as before)."""
+        payload = json.dumps(record, separators=(",", ":")).encode()
+        data = _RECORD.pack(len(payload), zlib.crc32(payload), seq) + payload
+        try:
+            _write_all(self._fd, data)
+        except OSError:
+            with contextlib.suppress(OSError):  # drop a partial record, so the next append starts clean
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
+
+    def reset(self) -> None:
+        """Empty the log (after a snapshot holds every record)."""
+        os.ftruncate(self._fd, len(MAGIC))
+        os.fsync(self._fd)
+        self._size = len(MAGIC)
+
+
+class DurableHistory:
+    """The drafter's history in ``directory``: ``history.snapshot`` plus ``history.wal``.
+
+    ``problem`` says why the history is not being saved (a failed write), else None; it clears at the next
+    successful write.
+    """
+
+    def __init__(self, directory: str, drafter_config: Any = None) -> None:
+        self.directory = directory
+        self.drafter_config = drafter_config
+        self.snapshot_path = os.path.join(directory, SNAPSHOT_NAME)
+        self.problem: str | None = None
+        self._seq = 0
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if not os.path.isdir(directory):
+                raise NotADirectoryError(f"{directory} is not a directory")
+            probe = os.path.join(directory, f".write-probe.{os.getpid()}")
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, b"\0" * 4096)
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+            self.log = HistoryLog(os.path.join(directory, LOG_NAME))
+        except OSError as exc:
+            raise ValueError(
+                f"--history-dir {directory}: cannot write there ({type(exc).__name__}: {exc}); "
+                "point it at a writable directory with free space, or leave it unset for in-memory history"
+            ) from exc
+
+    def restore(self) -> Any:
+        """The drafter of the snapshot plus the log's later records (an empty drafter when there is neither).
+        ValueError if the snapshot or log is corrupt (refuse to start rather than drop history)."""
+        from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
+        from sglang_histospec.core.snapshot import read_snapshot
+
+        cfg = self.drafter_config or DrafterConfig()
+        done = -1
+        if os.path.exists(self.snapshot_path):
+            try:
+                state = read_snapshot(self.snapshot_path)
+            except ValueError as exc:
+                raise ValueError(
+                    f"history snapshot {self.snapshot_path} cannot be restored ({exc}); move it away to start empty"
+                ) from exc
+            done = int(state.get("extra", {}).get("log_seq", -1))
+            drafter = HistoSpecDrafter.from_state(state, cfg)
+        else:
+            drafter = HistoSpecDrafter(cfg)
+        replayed = 0
+        for seq, record in self.log.records():
+            self._seq = max(self._seq, seq)
+            if seq > done:
+                apply_record(drafter, record)
+                replayed += 1
+        self._seq = max(self._seq, done)
+        if replayed:
+            logger.info("replayed %d history log records after the snapshot", replayed)
+        return drafter
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Log one change durably; ``HistoryWriteError`` (an OSError) names the directory and cause otherwise."""
+        try:
+            self.log.append(self._seq + 1, record)
+        except OSError as exc:
+            self.problem = f"history not saved: cannot write {self.log.path} ({type(exc).__name__}: {exc})"
+            raise HistoryWriteError(self.problem) from exc
+        self._seq += 1
+        self.problem = None
+
+    def snapshot(self, drafter: Any) -> None:
+        """Write the snapshot (holding every logged record), then empty the log. OSError on failure (the log
+        still holds everything)."""
+        try:
+            drafter.snapshot(self.snapshot_path, extra={"log_seq": self._seq})
+            fsync_dir(self.directory)
+            self.log.reset()
+        except OSError as exc:
+            self.problem = f"history snapshot to {self.snapshot_path} failed ({type(exc).__name__}: {exc})"
+            raise
+        self.problem = None
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class HistoryWriteError(OSError):
+    """A history change could not be made durable."""
+
+
+def apply_record(drafter: Any, record: dict[str, Any]) -> None:
+    """Apply one log record: ``{"op": "push", "step", "entries": [...]}`` or ``{"op": "end_step", "step"}``."""
+    if record["op"] == "push":
+        for e in record["entries"]:
+            drafter.add(e["prompt_id"], record["step"], e["responses"], e.get("rewards"), e.get("prompt_tokens"))
+    elif record["op"] == "end_step":
+        drafter.end_step(record["step"])
+    else:
+        raise ValueError(f"history log record op={record['op']!r} is unknown")

@@ -1,0 +1,226 @@
+"""Task families in chat form with verifiable rewards, for real instruct models (SmolLM2) under GRPO.
+
+Each family makes a fixed prompt set from a seed (stable ``prompt_id`` s, so prompts repeat every epoch as in RL on a
+fixed data set), scores a completion by its final ``Answer:`` line, and writes reference solutions in a few
+phrasings for a short supervised warm-up on problems *outside* the prompt set.
+
+- ``arith``: a chain of four or five operations on a starting number, solved one step per line.
+- ``sort``: five to seven words sorted alphabetically, numbered, then the list on the answer line.
+- ``units``: a two-stage unit conversion (hours and minutes to seconds, km and m to cm, ...), explained.
+
+Example:
+    >>> fam = make_family("arith", num_prompts=2, seed=0)
+    >>> p = fam.prompts[0]
+    >>> fam.reward(p, fam.solution(p, random.Random(0)))
+    1.0
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+ANSWER_RE = re.compile(r"Answer:\s*(.+?)\s*$", re.S)
+WORDS = [
+    "apple",
+    "banana",
+    "cherry",
+    "grape",
+    "lemon",
+    "mango",
+    "melon",
+    "olive",
+    "peach",
+    "pear",
+    "plum",
+    "berry",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "zebra",
+    "horse",
+    "eagle",
+    "otter",
+    "candle",
+    "window",
+    "garden",
+    "pencil",
+    "rocket",
+    "silver",
+    "forest",
+    "island",
+    "castle",
+    "bridge",
+    "meadow",
+    "violet",
+    "copper",
+    "marble",
+    "saddle",
+    "harbor",
+    "lantern",
+]
+UNITS = (  # (big unit, small unit, factor, smallest unit, factor)
+    ("hours", "minutes", 60, "seconds", 60),
+    ("kilometers", "meters", 1000, "centimeters", 100),
+    ("days", "hours", 24, "minutes", 60),
+    ("kilograms", "grams", 1000, "milligrams", 1000),
+    ("meters", "centimeters", 100, "millimeters", 10),
+)
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """One problem: its id, the user message, and what the answer line must hold."""
+
+    prompt_id: str
+    text: str
+    """The user message (the chat template is applied by the caller)."""
+    answer: str
+    """The expected content of the ``Answer:`` line, normalised (see ``ChatFamily.normalise``)."""
+    data: tuple
+    """The problem's parameters, for reference solutions."""
+
+
+class ChatFamily:
+    """A task family: prompts, a reward in [0, 1], and reference solutions (override ``make`` and ``solution``)."""
+
+    name = ""
+
+    def __init__(self, num_prompts: int = 16, seed: int = 0) -> None:
+        if num_prompts < 1:
+            raise ValueError(f"num_prompts={num_prompts}: must be >= 1")
+        self.seed = seed
+        self.prompts = [self.make(i, random.Random(f"{self.name}/{seed}/{i}")) for i in range(num_prompts)]
+
+    def make(self, index: int, rng: random.Random) -> ChatPrompt:
+        raise NotImplementedError
+
+    def solution(self, prompt: ChatPrompt, rng: random.Random) -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def normalise(answer: str) -> str:
+        """Lower case, single spaces, no trailing period. Example: ``" Apple,  pear."`` -> ``"apple, pear"``."""
+        return re.sub(r"\s+", " ", answer.strip().lower()).rstrip(".")
+
+    def reward(self, prompt: ChatPrompt, completion: str) -> float:
+        """1 for the right final answer, 0.1 for a wrong one on an ``Answer:`` line, 0 without one."""
+        m = ANSWER_RE.search(completion.strip().splitlines()[-1] if completion.strip() else "")
+        if m is None:
+            return 0.0
+        return 1.0 if self.normalise(m.group(1)) == prompt.answer else 0.1
+
+    def warmup_examples(self, num: int, seed: int = 1) -> list[tuple[str, str]]:
+        """``num`` (user message, reference solution) pairs on problems outside the prompt set."""
+        rng = random.Random(f"{self.name}/warmup/{seed}")
+        ids = {p.text for p in self.prompts}
+        out: list[tuple[str, str]] = []
+        i = 0
+        while len(out) < num:
+            p = self.make(10_000 + i, random.Random(f"{self.name}/warmup/{seed}/{i}"))
+            i += 1
+            if p.text not in ids:
+                out.append((p.text, self.solution(p, rng)))
+        return out
+
+
+class ArithFamily(ChatFamily):
+    name = "arith"
+    OPS = (("add", "+"), ("subtract", "-"), ("multiply by", "*"))
+
+    def make(self, index: int, rng: random.Random) -> ChatPrompt:
+        value = start = rng.randint(2, 40)
+        steps = []
+        for _ in range(rng.randint(4, 5)):
+            word, op = rng.choice(self.OPS)
+            n = rng.randint(2, 5) if op == "*" else rng.randint(3, 60)
+            if op == "-" and value - n < 0:
+                word, op = "add", "+"
+            if op == "*" and value * n > 2000:
+                word, op, n = "subtract", "-", min(n, value)
+            value = value + n if op == "+" else value - n if op == "-" else value * n
+            steps.append((word, op, n))
+        said = ", then ".join(f"{w} {n}" for w, _, n in steps)
+        text = f"Start with {start}, {said}. Solve it step by step, one step per line, and finish with 'Answer: <number>'."
+        return ChatPrompt(f"arith-{index:04d}", text, str(value), (start, tuple(steps)))
+
+    def solution(self, prompt: ChatPrompt, rng: random.Random) -> str:
+        start, steps = prompt.data
+        style = rng.randrange(3)
+        lines = [["We start with {v}.", "Start: {v}", "Our number is {v}."][style].format(v=start)]
+        value = start
+        for k, (word, op, n) in enumerate(steps, 1):
+            new = value + n if op == "+" else value - n if op == "-" else value * n
+            sym = {"+": "+", "-": "-", "*": "x"}[op]
+            lines.append(
+                [f"Step {k}: {value} {sym} {n} = {new}.", f"{word.capitalize()} {n}: {value} {sym} {n} = {new}",
+                 f"Then {value} {sym} {n} = {new}."][style]
+            )  # fmt: skip
+            value = new
+        lines.append(f"Answer: {value}")
+        return "\n".join(lines)
+
+
+class SortFamily(ChatFamily):
+    name = "sort"
+
+    def make(self, index: int, rng: random.Random) -> ChatPrompt:
+        words = rng.sample(WORDS, rng.randint(5, 7))
+        text = (
+            f"Sort these words in alphabetical order: {', '.join(words)}. List them numbered, one per line, "
+            "then finish with 'Answer: ' followed by the sorted words separated by commas."
+        )
+        return ChatPrompt(f"sort-{index:04d}", text, ", ".join(sorted(words)), tuple(words))
+
+    def solution(self, prompt: ChatPrompt, rng: random.Random) -> str:
+        ordered = sorted(prompt.data)
+        head = rng.choice(["Here are the words in alphabetical order:", "Sorted alphabetically:", "In order:"])
+        lines = [head] + [f"{k}. {w}" for k, w in enumerate(ordered, 1)]
+        return "\n".join(lines + [f"Answer: {', '.join(ordered)}"])
+
+
+class UnitsFamily(ChatFamily):
+    name = "units"
+
+    def make(self, index: int, rng: random.Random) -> ChatPrompt:
+        big, mid, f1, small, f2 = rng.choice(UNITS)
+        a, b = rng.randint(2, 9), rng.randint(1, f1 - 1)
+        total = (a * f1 + b) * f2
+        text = (
+            f"Convert {a} {big} and {b} {mid} to {small}. Explain each conversion, then finish with "
+            f"'Answer: <number> {small}'."
+        )
+        return ChatPrompt(f"units-{index:04d}", text, f"{total} {small}", (a, big, b, mid, f1, small, f2))
+
+    def solution(self, prompt: ChatPrompt, rng: random.Random) -> str:
+        a, big, b, mid, f1, small, f2 = prompt.data
+        both = a * f1 + b
+        total = both * f2
+        one_big, one_mid = big[:-1], mid[:-1]
+        if rng.random() < 0.5:
+            lines = [
+                f"First, 1 {one_big} is {f1} {mid}, so {a} {big} is {a} x {f1} = {a * f1} {mid}.",
+                f"Adding {b} {mid} gives {a * f1} + {b} = {both} {mid}.",
+                f"Next, 1 {one_mid} is {f2} {small}, so {both} {mid} is {both} x {f2} = {total} {small}.",
+            ]
+        else:
+            lines = [
+                f"There are {f1} {mid} in 1 {one_big}: {a} x {f1} = {a * f1} {mid}.",
+                f"Plus {b} {mid}: {a * f1} + {b} = {both} {mid}.",
+                f"There are {f2} {small} in 1 {one_mid}: {both} x {f2} = {total} {small}.",
+            ]
+        return "\n".join(lines + [f"Answer: {total} {small}"])
+
+
+FAMILIES = {f.name: f for f in (ArithFamily, SortFamily, UnitsFamily)}
+HELD_OUT = "units"
+"""The family kept out of every tuning decision (drafter and engine defaults are tuned on the others)."""
+
+
+def make_family(name: str, num_prompts: int = 16, seed: int = 0) -> ChatFamily:
+    """The task family ``name`` (one of ``FAMILIES``) with ``num_prompts`` prompts."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown task family {name!r}; use one of {', '.join(FAMILIES)}")
+    return FAMILIES[name](num_prompts=num_prompts, seed=seed)

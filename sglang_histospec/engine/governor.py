@@ -1,0 +1,105 @@
+"""A measured guard against drafting that does not pay: compare real tokens/s with and without drafting.
+
+The cost-aware cut (``core/stepcost.py``) predicts whether draft nodes pay for their verify rows; a prediction can
+be wrong (host work it does not model, a noisy machine, a cold history). The governor measures instead. Per batch
+size bucket (``bsz.bit_length()``) it keeps a decayed mean of the tokens per second of steps that drafted and of
+steps that did not, and lets a step draft only while drafting steps are measured at least as fast. The losing mode
+is probed now and then, so either side can win back: plain steps every ``probe_every`` drafting steps, drafting
+steps after ``probe_every`` plain steps, the interval doubling (up to ``max_probe_interval``) while probes lose.
+
+Example::
+
+    g = SpecGovernor()
+    g.use_spec(16)                 # True: no measurements yet (drafting first, then a plain baseline)
+    g.observe(16, drafted=True, tokens=16, seconds=1.0)   # a drafting step that emitted one token a request
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class GovernorConfig:
+    """Settings of :class:`SpecGovernor`."""
+
+    min_samples: int = 4
+    """Steps of each mode measured in a bucket before the governor decides there."""
+    decay: float = 0.8
+    """Weight of the old mean in each update of a decayed mean (per observed step)."""
+    probe_every: int = 16
+    """Steps of the winning mode between two probes of the losing one (the first interval)."""
+    max_probe_interval: int = 256
+    """Longest interval between probes of drafting while plain steps keep winning."""
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 1 or self.probe_every < 1 or self.max_probe_interval < self.probe_every:
+            raise ValueError(
+                f"GovernorConfig(min_samples={self.min_samples}, probe_every={self.probe_every}, "
+                f"max_probe_interval={self.max_probe_interval}): need min_samples, probe_every >= 1 and "
+                "max_probe_interval >= probe_every"
+            )
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"GovernorConfig.decay={self.decay}: use a value in [0, 1)")
+
+
+@dataclass(slots=True)
+class _Bucket:
+    rate: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [plain, spec] decayed tokens/s
+    count: list[int] = field(default_factory=lambda: [0, 0])  # steps observed per mode
+    since_probe: int = 0  # winner steps since the last probe of the loser
+    interval: int = 0  # current probe interval (0 = not yet set)
+    steps: int = 0  # observed steps in this bucket
+    last: list[int] = field(default_factory=lambda: [0, 0])  # step count at each mode's last observation
+
+
+class SpecGovernor:
+    """Decides per step whether to draft, from measured tokens/s per batch-size bucket."""
+
+    def __init__(self, config: GovernorConfig | None = None) -> None:
+        self.cfg = config or GovernorConfig()
+        self._buckets: dict[int, _Bucket] = {}
+        self.stats = {"governed_plain_steps": 0, "probes": 0}
+
+    def use_spec(self, bsz: int) -> bool:
+        """Whether the next step of a batch of ``bsz`` requests may draft."""
+        b = self._buckets.setdefault(int(bsz).bit_length(), _Bucket())
+        n = self.cfg.min_samples
+        if b.count[1] < n:
+            return True
+        if b.count[0] < n:
+            self.stats["governed_plain_steps"] += 1
+            return False
+        spec_wins = b.rate[1] >= b.rate[0]
+        if b.interval == 0:
+            b.interval = self.cfg.probe_every
+        b.since_probe += 1
+        probe = b.since_probe >= b.interval
+        if probe:
+            b.since_probe = 0
+            self.stats["probes"] += 1
+            if not spec_wins:  # drafting lost again since the last probe: wait longer before the next
+                b.interval = min(2 * b.interval, self.cfg.max_probe_interval)
+        if spec_wins:
+            b.interval = self.cfg.probe_every
+        use = spec_wins != probe
+        self.stats["governed_plain_steps"] += not use
+        return use
+
+    def observe(self, bsz: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""
+        if seconds <= 0.0 or bsz < 1:
+            return
+        b = self._buckets.setdefault(int(bsz).bit_length(), _Bucket())
+        mode = int(bool(drafted))
+        rate = tokens / seconds
+        b.steps += 1
+        stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
+        keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay
+        b.rate[mode] = keep * b.rate[mode] + (1.0 - keep) * rate
+        b.count[mode] += 1
+        b.last[mode] = b.steps
+
+    def rates(self) -> dict[int, tuple[float, float]]:
+        """``{bucket: (plain tokens/s, drafting tokens/s)}`` as measured so far."""
+        return {k: (b.rate[0], b.rate[1]) for k, b in sorted(self._buckets.items())}

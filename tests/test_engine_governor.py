@@ -1,0 +1,57 @@
+"""SpecGovernor: drafting only while it is measured to pay, with probes of the losing mode (fake timings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_histospec.engine.governor import GovernorConfig, SpecGovernor
+
+
+def run(g: SpecGovernor, steps: int, bsz: int, spec_rate: float, plain_rate: float) -> list[bool]:
+    """Drive ``steps`` decisions; a drafting step runs at ``spec_rate`` tokens/s, a plain one at ``plain_rate``."""
+    used = []
+    for _ in range(steps):
+        spec = g.use_spec(bsz)
+        g.observe(bsz, spec, tokens=bsz, seconds=bsz / (spec_rate if spec else plain_rate))
+        used.append(spec)
+    return used
+
+
+@pytest.mark.parametrize(
+    "spec_rate, plain_rate, min_share, max_share",
+    [
+        (200.0, 100.0, 0.9, 0.97),  # drafting pays: draft, with a plain probe every 16 steps
+        (50.0, 100.0, 0.0, 0.08),  # drafting loses: plain, with rarer and rarer drafting probes
+        (100.0, 100.0, 0.9, 0.97),  # a tie drafts (never slower than plain by construction)
+    ],
+)
+def test_share_of_drafting_steps_follows_the_measured_rates(spec_rate, plain_rate, min_share, max_share):
+    used = run(SpecGovernor(), 600, 16, spec_rate, plain_rate)
+    share = sum(used[100:]) / len(used[100:])
+    assert min_share <= share <= max_share
+
+
+def test_losing_drafting_costs_little_and_recovers_when_it_starts_to_pay():
+    g = SpecGovernor()
+    slow = run(g, 400, 8, spec_rate=50.0, plain_rate=100.0)
+    fast = run(g, 400, 8, spec_rate=300.0, plain_rate=100.0)
+    tokens_per_s = [(300.0 if s else 100.0) for s in fast[200:]]
+    assert sum(slow[-200:]) <= 4  # probes only
+    assert sum(tokens_per_s) / len(tokens_per_s) > 250.0  # back to drafting within the probe interval
+
+
+def test_buckets_by_batch_size_are_independent():
+    g = SpecGovernor()
+    run(g, 200, 2, spec_rate=300.0, plain_rate=100.0)  # bucket 2: drafting pays
+    run(g, 200, 32, spec_rate=50.0, plain_rate=100.0)  # bucket 6: it does not
+    assert sum(run(g, 32, 3, 300.0, 100.0)) >= 28 and sum(run(g, 32, 40, 50.0, 100.0)) <= 2
+    assert set(g.rates()) == {2, 6}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"min_samples": 0}, "min_samples"), ({"decay": 1.0}, "decay"), ({"max_probe_interval": 4}, "max_probe")],
+)
+def test_bad_config_is_a_clear_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GovernorConfig(**kwargs)
