@@ -21,6 +21,7 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
     ("route",): "sglang_histospec.commands.route",
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
+    ("bench", "pipe-servers"): "sglang_histospec.commands.bench_pipe_servers",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
     ("bench", "engine"): "sglang_histospec.commands.bench_engine",
     ("demo",): "sglang_histospec.commands.demo",

@@ -109,6 +109,31 @@ def test_stop_length_and_seeds(paths):
         assert eos.output_ids == free.output_ids
 
 
+@pytest.mark.parametrize("alg", ["NONE", "HISTOSPEC"])
+@pytest.mark.parametrize(("sampling", "cut"), [({"temperature": 1.0}, 1), ({"temperature": 1.0}, 9),
+                                               ({"temperature": 0.8, "top_k": 10, "top_p": 0.9}, 15)])  # fmt: skip
+def test_resumed_request_with_seed_offset_continues_the_same_draws(paths, alg, sampling, cut):
+    """A request resumed from prompt + its first ``cut`` tokens with seed_offset=cut emits the original's rest
+    (what a router migration relies on); without the offset it draws differently."""
+    engine = Engine(EngineConfig(model_path=paths["a"], speculative_algorithm=alg))
+    prompt = [1, 3, 4, 5]
+    [full] = engine.generate([req("full", prompt, max_new_tokens=24, ignore_eos=True, seed=5, **sampling)])
+    head = full.output_ids[:cut]
+    [rest] = engine.generate(
+        [req("rest", prompt + head, max_new_tokens=24 - cut, ignore_eos=True, seed=5, seed_offset=cut, **sampling)]
+    )
+    assert head + rest.output_ids == full.output_ids
+    [fresh] = engine.generate(
+        [req("fresh", prompt + head, max_new_tokens=24 - cut, ignore_eos=True, seed=5, **sampling)]
+    )
+    assert fresh.output_ids != rest.output_ids
+
+
+def test_seed_offset_is_validated():
+    with pytest.raises(ValueError, match="seed_offset"):
+        SamplingParams(seed_offset=-1)
+
+
 def test_continuous_batching_abort_and_queue(paths):
     engine = Engine(EngineConfig(model_path=paths["a"], speculative_algorithm="NONE", max_running_requests=2))
     for i in range(4):

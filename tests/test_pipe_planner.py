@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from sglang_histospec.core.costmodel import CostModel, CostModelConfig
 from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
-from sglang_histospec.core.planner import POLICIES, Group, Planner, PlannerConfig, in_tail, is_outlier
+from sglang_histospec.core.planner import POLICIES, Group, Planner, PlannerConfig, in_tail, is_outlier, plan
 from sglang_histospec.core.workersim import WorkerSim
 
 UNIT = CostModelConfig(iteration_s=1.0, per_request_s=0.0, per_context_token_s=0.0, prefill_token_s=0.0)
@@ -247,3 +247,61 @@ def test_is_outlier(generated: int, mean: float, p90: float, expected: bool) -> 
 @pytest.mark.parametrize(("unfinished", "total", "expected"), [(10, 100, True), (11, 100, False), (0, 0, False)])
 def test_in_tail(unfinished: int, total: int, expected: bool) -> None:
     assert in_tail(unfinished, total, PlannerConfig()) is expected
+
+
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=12),
+    workers=st.integers(1, 6),
+    policy=st.sampled_from(POLICIES),
+    seen=st.lists(st.integers(1, 3000), min_size=0, max_size=12),
+)
+@settings(max_examples=60, deadline=None)
+def test_plan_call_places_every_request_once_like_the_planner(
+    sizes: list[int], workers: int, policy: str, seen: list[int]
+) -> None:
+    """plan(): each (prompt_id, sample) on exactly one worker; the same placement as Planner with a predictor."""
+    prompts = [(f"q{i}", n, 16) for i, n in enumerate(sizes)]
+    history = {f"q{i}": [n, n + 10] for i, n in enumerate(seen)}
+    placement = plan(5, prompts, workers, history, PlannerConfig(policy=policy))
+    placed = [req for reqs in placement.workers for req in reqs]
+    assert sorted(placed) == sorted((pid, s) for pid, n, _ in prompts for s in range(n))
+    assert len(placement.workers) == workers == len(placement.predicted_finish)
+    predictor = LengthPredictor()
+    for pid, lengths in history.items():
+        predictor.add(pid, 4, lengths)
+    direct = Planner(config=PlannerConfig(policy=policy)).plan(5, [Group(*p) for p in prompts], workers, predictor)
+    assert placement.plan.workers == direct.workers
+    assert plan(5, prompts, workers, predictor, PlannerConfig(policy=policy)).workers == placement.workers
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((0, [], 2, {}), "prompts is empty"),
+        ((0, [("a", 2), ("a", 1)], 2, {}), "distinct"),
+        ((0, [("a", 0)], 2, {}), "size"),
+        ((0, ["a"], 2, {}), "prompt 'a'"),
+        ((-1, [("a", 2)], 2, {}), "step"),
+        ((0, [("a", 2)], 0, {}), "workers"),
+        ((0, [("a", 2)], 2, [1, 2]), "history"),
+        ((0, [("a", 2)], 2, {"a": [-5]}), "length"),
+    ],
+)
+def test_plan_call_rejects_bad_input(args: tuple, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        plan(*args)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_deferrals", 0), ("max_deferrals", 1.5), ("defer_step_factor", 0.0), ("defer_step_factor", -1.0)],
+)
+def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        PlannerConfig(**{field: value})
+
+
+def test_plan_call_docstring_example() -> None:
+    placement = plan(3, [("a", 2), ("b", 2)], workers=2, history={"a": [900, 1000], "b": [100]})
+    assert placement.workers == [[("a", 1)], [("a", 0), ("b", 0), ("b", 1)]]
+    assert placement.worker_of()[("b", 0)] == 1

@@ -132,6 +132,45 @@ def test_overlap_defers_outliers_to_the_next_step() -> None:
     assert result.per_step[0].end < sync.per_step[0].end
 
 
+@pytest.mark.parametrize(
+    ("max_deferrals", "moves", "requests"), [(1, 1, [2, 3, 2]), (2, 2, [2, 2, 3]), (5, 2, [2, 2, 3])]
+)
+def test_max_deferrals_lets_a_long_outlier_skip_several_steps(max_deferrals, moves, requests) -> None:
+    """An outlier of 30000 tokens (history: 10) is deferred once per step it would hold up, up to max_deferrals
+    (never out of the last step)."""
+    predictor = LengthPredictor()
+    for pid in "abcdef":
+        predictor.add(pid, 0, [10, 10])
+    work = [
+        StepWork(1, [Group("a", 1), Group("b", 2)], [[30000], [10, 10]]),
+        StepWork(2, [Group("c", 1), Group("d", 1)], [[10], [10]]),
+        StepWork(3, [Group("e", 1), Group("f", 1)], [[10], [10]]),
+    ]
+    sim = _sim("histopipe", 2, overlap=True, cost=HEAVY, tail_fraction=0.4, max_deferrals=max_deferrals)
+    result = sim.run(work, predictor=predictor)
+    assert result.migrations == moves
+    assert [s.requests for s in result.per_step] == requests  # the outlier finished as part of that step
+
+
+@pytest.mark.parametrize(("factor", "moves"), [(None, 0), (2.0, 1), (100.0, 0)])
+def test_defer_step_factor_defers_a_predicted_long_straggler(factor, moves) -> None:
+    """ "L" is predicted long by its own history (not an outlier); with defer_step_factor it is deferred once it
+    runs past factor x the step's mean predicted length, so its step completes without it."""
+    predictor = LengthPredictor()
+    predictor.add("L", 0, [3000])
+    for pid in "sc":
+        predictor.add(pid, 0, [10, 10])
+    work = [
+        StepWork(1, [Group("L", 1), Group("s", 3)], [[3000], [10, 10, 10]]),
+        StepWork(2, [Group("c", 2)], [[10, 10]]),
+    ]
+    sim = _sim("histopipe", 2, overlap=True, cost=HEAVY, tail_fraction=0.25, defer_step_factor=factor)
+    result = sim.run(work, predictor=predictor)
+    assert result.migrations == moves
+    solo = CostModel(HEAVY).solo_time(0, 3000)
+    assert (result.per_step[0].end < 0.7 * solo) == bool(moves)
+
+
 def test_step_work_rejects_bad_lengths() -> None:
     with pytest.raises(ValueError, match="lengths"):
         StepWork(0, [Group("a", 2)], [[5]])
@@ -166,3 +205,65 @@ def test_cli_bench_pipe_json(capsys) -> None:  # noqa: ANN001
     assert rows == {(p, o) for p in (*POLICIES, "histopipe-oracle") for o in (False, True)}
     assert all(r["makespan"] >= r["lower_bound"] > 0 for r in out["results"])
     assert "histopipe_sync_idle" in out["summary"]["2"]
+
+
+# ---- measured timelines (core/timeline.py) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("intervals", "length"),
+    [([], 0.0), ([(0, 2), (1, 3), (5, 6)], 4.0), ([(0, 5), (1, 2)], 5.0), ([(1, 1)], 0.0), ([(2, 3), (0, 1)], 2.0)],
+)
+def test_busy_length_is_the_union(intervals, length):
+    from sglang_histospec.core.timeline import busy_length
+
+    assert busy_length(intervals) == length
+
+
+def test_measure_step_example_and_validation():
+    from sglang_histospec.core.timeline import StepTimes, measure_step
+
+    got = measure_step({0: [(0.0, 4.0), (1.0, 2.0)], 1: [(0.0, 1.0), (3.0, 4.0)]}, workers=2)
+    assert got == StepTimes(0.0, 4.0, 4.0, 6.0, 2.0)
+    assert measure_step({0: [(1.0, 3.0)]}, workers=3).idle_s == 4.0  # two workers with nothing: idle all along
+    for by_worker, workers, match in [
+        ({}, 1, "no request"),
+        ({2: [(0, 1)]}, 2, "outside"),
+        ({0: [(2, 1)]}, 1, "start"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            measure_step(by_worker, workers)
+
+
+# ---- histospec bench pipe-servers --------------------------------------------------------------------------
+def test_bench_pipe_servers_helpers() -> None:
+    from sglang_histospec.commands.bench_pipe_servers import _summary, _warm_steps
+
+    work = [StepWork(i, [Group(p, 1)], [[5]]) for i, p in enumerate("abab")]
+    assert _warm_steps(work) == [2, 3]
+    repeats = [{"makespan": 4.0, "idle_fraction": 0.1, "migrations": 1, "per_step": [{"makespan": 1.0}] * 4}] * 2
+    row = _summary(repeats, {"makespan": 5.0, "per_step": [1.0, 1.0, 2.0, 1.0]}, [2, 3])
+    assert row["warm_makespan"] == 2.0 and row["sim_warm_makespan"] == 3.0 and row["sim_over_measured"] == 1.25
+
+
+def test_cli_bench_pipe_servers_refuses_bad_flags(capsys) -> None:  # noqa: ANN001
+    from sglang_histospec.cli import main
+
+    assert main(["bench", "pipe-servers", "--policies", "nope"]) == 2
+    assert main(["bench", "pipe-servers", "--servers", "0"]) == 2
+
+
+@pytest.mark.slow
+def test_cli_bench_pipe_servers_end_to_end(tmp_path, capsys) -> None:  # noqa: ANN001
+    """Two real servers (tiny model), two short steps: every figure present, measured and simulated."""
+    from sglang_histospec.cli import main
+    from sglang_histospec.core.synth import write_synthetic
+    from tests.tiny import make_tiny_model_dir
+
+    model = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=64, seed=0)
+    trace = tmp_path / "t.jsonl.gz"
+    write_synthetic(str(trace), SynthConfig(prompts=4, group_size=2, epochs=2, mean_len=6, vocab=60, seed=1))
+    argv = ["bench", "pipe-servers", "--model", str(model), "--trace", str(trace), "--steps", "2", "--json"]
+    assert main([*argv, "--policies", "round-robin,histopipe", "--max-running", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["policy"] for r in out["results"]] == ["round-robin", "histopipe"]
+    for r in out["results"]:
+        assert r["makespan"] > 0 and r["simulated"]["makespan"] > 0 and 0 <= r["idle_fraction"] < 1

@@ -139,8 +139,28 @@ def test_synth_drift_controls_similarity():
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("prompts", 0), ("drift", 1.5), ("max_len", 1), ("steps_per_epoch", 100), ("vocab", 3)]
-)
+    ("rate", "lo", "hi", "share"), [(0.0, 3.0, 10.0, (0.0, 0.0)), (0.25, 3.0, 3.0, (0.15, 0.35)), (0.05, 3.0, 10.0, (0.01, 0.1))]
+)  # fmt: skip
+def test_synth_outliers_stretch_a_share_of_samples(rate, lo, hi, share):
+    """Outliers: a share ``outlier_rate`` of the samples runs lo..hi times longer than its group's median."""
+    base = dict(prompts=40, group_size=8, epochs=1, mean_len=50, vocab=100, max_len=100000, sample_length_sigma=0.05)
+    cfg = SynthConfig(**base, outlier_rate=rate, outlier_min_scale=lo, outlier_max_scale=hi, seed=2)
+    lengths = [len(r.response) for r in generate(cfg)]
+    groups = [sorted(lengths[g : g + 8]) for g in range(0, len(lengths), 8)]
+    ratios = [n / ((grp[3] + grp[4]) / 2) for grp in groups for n in grp]
+    stretched = [x for x in ratios if x > 2.0]
+    assert share[0] <= len(stretched) / len(ratios) <= share[1]
+    assert all(0.8 * lo <= x <= 1.2 * hi for x in stretched)
+    if rate == 0:  # the default trace is unchanged by the feature
+        same = SynthConfig(**base, outlier_rate=0.0, outlier_min_scale=7.0, outlier_max_scale=7.0, seed=2)
+        assert lengths == [len(r.response) for r in generate(same)]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("prompts", 0), ("drift", 1.5), ("max_len", 1), ("steps_per_epoch", 100), ("vocab", 3), ("outlier_rate", 2.0),
+     ("outlier_min_scale", 0.5)],
+)  # fmt: skip
 def test_synth_config_validation(field, value):
     with pytest.raises(ValueError, match=field):
         SynthConfig(**{field: value})

@@ -34,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--steps-per-epoch", type=int, default=2)
     s.add_argument("--mean-len", type=float, default=128.0, help="median base length (before --length-scale)")
     s.add_argument("--length-sigma", type=float, default=1.0, help="log-normal sigma across prompts (long tail)")
-    s.add_argument("--max-len", type=int, default=2048)
+    s.add_argument("--sample-length-sigma", type=float, default=0.15, help="log-normal sigma within a group")
+    s.add_argument("--outlier-rate", type=float, default=0.0, help="share of responses stretched 3-10x (heavy tail)")
+    s.add_argument("--outlier-scale", default="3,10", help="MIN,MAX stretch factor of those responses")
+    s.add_argument("--max-len", type=int, default=2048, help="clip (before --length-scale)")
     s.add_argument("--seed", type=int, default=0)
     add_model_arguments(parser)
     parser.set_defaults(length_scale=8.0)
@@ -47,6 +50,7 @@ def _workload(args: argparse.Namespace, workers: int) -> list:
 
     if args.trace:
         return workload_from_trace(load_steps(args.trace)[0], args.length_scale)
+    lo, hi = _scale_range(args.outlier_scale)
     cfg = SynthConfig(
         prompts=args.prompts_per_worker * workers * args.steps_per_epoch,
         group_size=args.group_size,
@@ -55,6 +59,10 @@ def _workload(args: argparse.Namespace, workers: int) -> list:
         mean_len=args.mean_len,
         length_sigma=args.length_sigma,
         max_len=args.max_len,
+        sample_length_sigma=args.sample_length_sigma,
+        outlier_rate=args.outlier_rate,
+        outlier_min_scale=lo,
+        outlier_max_scale=hi,
         vocab=1000,
         prompt_len=32,
         seed=args.seed,
@@ -63,6 +71,14 @@ def _workload(args: argparse.Namespace, workers: int) -> list:
     for rec in generate(cfg):
         by_step.setdefault(rec.step, TraceStep(rec.step)).records.append(rec)
     return workload_from_trace([by_step[s] for s in sorted(by_step)], args.length_scale)
+
+
+def _scale_range(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--outlier-scale {text!r}: give MIN,MAX, e.g. 3,10") from None
+    return lo, hi
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--modes {args.modes!r} (sync,overlap) or --workers {args.workers!r} (ints >= 1)")
         for p in policies:
             build_simulator(args, p, 1, False)  # validates the policy and the model flags
+        _scale_range(args.outlier_scale)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -43,6 +43,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--outlier-factor", type=float, default=1.5)
     p.add_argument("--tail-fraction", type=float, default=0.10)
+    p.add_argument(
+        "--max-deferrals",
+        type=int,
+        default=1,
+        help="overlap: times one outlier may be deferred (each: one more step stale)",
+    )
+    p.add_argument(
+        "--defer-step-factor",
+        type=float,
+        default=None,
+        help="overlap: also defer a tail request past this x the step's mean predicted length (default: off)",
+    )
 
 
 def _quantile_arg(text: str) -> float | str | None:
@@ -78,6 +90,8 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         split_error_quantile=_split_quantile(args.split_error_quantile, overlap),
         outlier_factor=args.outlier_factor,
         tail_fraction=args.tail_fraction,
+        max_deferrals=args.max_deferrals,
+        defer_step_factor=args.defer_step_factor,
     )
     return PipeSimulator(
         PipeSimConfig(workers=workers, overlap=overlap, outliers=args.outliers, oracle=oracle),

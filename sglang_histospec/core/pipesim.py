@@ -13,7 +13,8 @@ Outliers: while at most ``tail_fraction`` of a step's requests are unfinished, a
 than ``outlier_factor`` x its prompt's predicted mean (and its p90) is, in synchronous mode, migrated to an idle
 worker (aborted and resubmitted with prompt + partial output, which that worker prefills again; the partial
 tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
-which lets its step complete. Each request moves at most once.
+which lets its step complete. A request is migrated at most once and deferred at most ``max_deferrals`` times;
+with ``defer_step_factor`` a straggler past that many times the step's mean predicted length is deferred too.
 
 Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
 max(longest request alone, total work / W); overlap: max(longest request alone, total work of the run / W),
@@ -37,7 +38,6 @@ from sglang_histospec.core.planner import (
     PlannerConfig,
     StepPlan,
     in_tail,
-    is_outlier,
     outlier_threshold,
 )
 from sglang_histospec.core.workersim import WorkerSim
@@ -148,7 +148,7 @@ class _Req:
     length: int
     estimate: LengthEstimate
     done: int = 0  # tokens emitted before its current submission
-    moved: bool = False
+    moves: int = 0  # times it was migrated or deferred
 
 
 class PipeSimulator:
@@ -355,10 +355,11 @@ class _Run:
                     continue
                 for key in list(worker.running):
                     r = self.reqs[key]
-                    if r.moved or key not in worker.running:
-                        continue  # judged against history (its own, or the prior learned from others), never the default
-                    if not is_outlier(r.done + worker.generated_at(key, t), r.estimate, self.pcfg):
-                        limit = outlier_threshold(r.estimate, self.pcfg)
+                    max_moves = self.pcfg.max_deferrals if self.cfg.overlap else 1
+                    if r.moves >= max_moves or key not in worker.running:
+                        continue
+                    limit = self._threshold(s, r)
+                    if not r.done + worker.generated_at(key, t) > limit:
                         when = worker.time_when(key, math.floor(limit) + 1 - r.done)
                         next_check = min(next_check, max(when, t + CHECK_INTERVAL * (t - self.start[s])))
                         continue
@@ -367,6 +368,14 @@ class _Run:
         if next_check < self.check_at:
             self.check_at = next_check
             heapq.heappush(self.heap, (next_check, 0, -1))
+
+    def _threshold(self, s: int, r: _Req) -> float:
+        """Tokens past which running request ``r`` of step ``s`` is acted on (see ``PlannerConfig``)."""
+        limit = outlier_threshold(r.estimate, self.pcfg)
+        f = self.pcfg.defer_step_factor
+        if self.cfg.overlap and f is not None:
+            limit = min(limit, f * self.plans[s].mean_predicted())
+        return limit
 
     def _tail_changed(self) -> bool:
         """True when a step just entered its tail (its first scan is due)."""
@@ -385,7 +394,7 @@ class _Run:
             return None
         r = self.reqs[key]
         r.done += worker.remove(key)
-        r.moved = True
+        r.moves += 1
         self.out[w] -= 1
         self._schedule(w)
         return r

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sglang_histospec.core.costmodel import CostModel
@@ -59,6 +59,13 @@ class PlannerConfig:
     """A request is an outlier once it has emitted more than this times its predicted mean (and its p90)."""
     tail_fraction: float = 0.10
     """Outliers are acted on only while at most this share of the step's requests is unfinished."""
+    max_deferrals: int = 1
+    """With one-step overlap: how many times one outlier may be deferred to the next step. Each deferral lets
+    its step complete without it, and the response then spans one more weight version (1 = one step off-policy)."""
+    defer_step_factor: float | None = None
+    """With one-step overlap: in the tail, also defer a request that has emitted more than this times the step's
+    mean predicted length, even when its own history predicted it long (a straggler the step need not wait
+    for); None = judge each request against its own prompt's history only."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -71,6 +78,10 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig.search_iters={self.search_iters!r}: must be an int >= 0")
         if not self.outlier_factor >= 1.0:
             raise ValueError(f"PlannerConfig.outlier_factor={self.outlier_factor!r}: must be >= 1")
+        if self.defer_step_factor is not None and not self.defer_step_factor > 0:
+            raise ValueError(f"PlannerConfig.defer_step_factor={self.defer_step_factor!r}: must be > 0 or None")
+        if not (isinstance(self.max_deferrals, int) and self.max_deferrals >= 1):
+            raise ValueError(f"PlannerConfig.max_deferrals={self.max_deferrals!r}: must be an int >= 1")
         if not 0.0 <= self.tail_fraction <= 1.0:
             raise ValueError(f"PlannerConfig.tail_fraction={self.tail_fraction!r}: must be in [0, 1]")
 
@@ -93,6 +104,16 @@ class StepPlan:
     def worker_of(self) -> dict[tuple[int, int], int]:
         """Map ``(group, sample) -> worker``."""
         return {req: w for w, reqs in enumerate(self.workers) for req in reqs}
+
+    def mean_predicted(self) -> float:
+        """Mean predicted length over the step's requests (each group counts its samples)."""
+        sizes = [len(reqs) for reqs in self.workers]
+        counts: dict[int, int] = {}
+        for reqs in self.workers:
+            for g, _ in reqs:
+                counts[g] = counts.get(g, 0) + 1
+        total = sum(sizes)
+        return sum(self.predicted_lengths[g] * n for g, n in counts.items()) / total if total else 0.0
 
     def check(self, groups: Sequence[Group]) -> str | None:
         """Describe the first broken invariant (a request missing, duplicated or unknown), or None."""
@@ -338,3 +359,70 @@ def outlier_threshold(estimate: LengthEstimate, config: PlannerConfig) -> float:
 def in_tail(unfinished: int, total: int, config: PlannerConfig) -> bool:
     """True once at most ``tail_fraction`` of the step's ``total`` requests are unfinished."""
     return total > 0 and unfinished <= config.tail_fraction * total
+
+
+@dataclass(slots=True)
+class Placement:
+    """Where an RL framework's rollout manager should send a step's requests (:func:`plan`)."""
+
+    workers: list[list[tuple[str, int]]]
+    """Per worker, ``(prompt_id, sample index)`` in the order to start them."""
+    predicted_finish: list[float]
+    """Per worker, predicted seconds until its share is done (backlog included)."""
+    plan: StepPlan
+    """The planner's full answer (group indices instead of prompt ids, predicted lengths, splits)."""
+
+    def worker_of(self) -> dict[tuple[str, int], int]:
+        """Map ``(prompt_id, sample) -> worker``."""
+        return {req: w for w, reqs in enumerate(self.workers) for req in reqs}
+
+
+def plan(
+    step: int,
+    prompts: Sequence[Group | tuple[str, int] | tuple[str, int, int]],
+    workers: int,
+    history: LengthPredictor | Mapping[str, Sequence[int]],
+    config: PlannerConfig | None = None,
+    cost: CostModel | None = None,
+    backlog: Sequence[float] | None = None,
+) -> Placement:
+    """Place one step's requests on ``workers`` rollout workers without the router (for verl, slime, AReaL...).
+
+    ``prompts``: per prompt ``Group`` or ``(prompt_id, samples[, prompt_len])``, each prompt id once.
+    ``history``: a :class:`LengthPredictor` kept across steps (feed it with ``add(prompt_id, step, lengths)``)
+    or a plain ``{prompt_id: [response lengths seen before]}``. ``backlog``: per worker, seconds of work still
+    queued from the previous step (one-step overlap). Example::
+
+        placement = plan(3, [("a", 2), ("b", 2)], workers=2, history={"a": [900, 1000], "b": [100]})
+        placement.workers   # [[("a", 1)], [("a", 0), ("b", 0), ("b", 1)]]: the long group split
+    """
+    groups = [_as_group(p) for p in prompts]
+    if not groups:
+        raise ValueError("prompts is empty: give at least one (prompt_id, samples)")
+    ids = [g.prompt_id for g in groups]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"prompts: prompt ids must be distinct, {sorted({i for i in ids if ids.count(i) > 1})[:5]}")
+    if not (isinstance(step, int) and step >= 0):
+        raise ValueError(f"step={step!r}: must be an int >= 0")
+    predictor = history if isinstance(history, LengthPredictor) else _predictor_from(history, step)
+    step_plan = Planner(cost, config).plan(step, groups, workers, predictor, backlog=backlog)
+    placed = [[(groups[g].prompt_id, s) for g, s in reqs] for reqs in step_plan.workers]
+    return Placement(placed, list(step_plan.predicted_finish), step_plan)
+
+
+def _as_group(p: object) -> Group:
+    if isinstance(p, Group):
+        return p
+    if isinstance(p, tuple) and len(p) in (2, 3) and isinstance(p[0], str):
+        return Group(*p)  # type: ignore[arg-type]
+    raise ValueError(f"prompt {p!r}: give a Group or (prompt_id: str, samples: int[, prompt_len: int])")
+
+
+def _predictor_from(history: Mapping[str, Sequence[int]], step: int) -> LengthPredictor:
+    """A predictor holding ``history`` as one earlier visit per prompt."""
+    if not isinstance(history, Mapping):
+        raise ValueError(f"history is a {type(history).__name__}: give a LengthPredictor or {{prompt_id: [lengths]}}")
+    predictor = LengthPredictor()
+    for pid, lengths in history.items():
+        predictor.add(pid, max(0, step - 1), list(lengths))
+    return predictor

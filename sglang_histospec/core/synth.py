@@ -7,8 +7,10 @@ the prompt's own phrase pool, a pool shared by all prompts, or fresh random toke
 themselves (prompt lookup finds matches), share material across prompts (a global index helps) and resemble
 the prompt's earlier responses (history helps). Per epoch the base drifts: a share ``drift`` of its phrases is
 rewritten and its length is multiplied by ``exp(N(0, length_drift))``. Each sample of a group edits a share
-``sample_noise`` of the base's phrases and scales its length by ``exp(N(0, sample_length_sigma))``. Base
-lengths are log-normal (``mean_len``, ``length_sigma``; long right tail), clipped to [min_len, max_len].
+``sample_noise`` of the base's phrases and scales its length by ``exp(N(0, sample_length_sigma))``; a share
+``outlier_rate`` of the samples is further stretched by a factor in [outlier_min_scale, outlier_max_scale]
+(heavy-tailed stragglers, e.g. 3 % at 3-10x). Base lengths are log-normal (``mean_len``, ``length_sigma``; long
+right tail); every length is clipped to [min_len, max_len].
 
 Example::
 
@@ -60,6 +62,13 @@ class SynthConfig:
     """Share of the base phrases each sample rewrites (diversity within a group)."""
     sample_length_sigma: float = 0.15
     """Log-normal sigma of a sample's length around its prompt's base length."""
+    outlier_rate: float = 0.0
+    """Share of responses that run much longer than their siblings (a heavy per-sample tail; 0 = none)."""
+    outlier_min_scale: float = 3.0
+    """An outlier's length is its sample length times a factor drawn log-uniformly in [outlier_min_scale,
+    outlier_max_scale] (before clipping to max_len)."""
+    outlier_max_scale: float = 10.0
+    """Upper end of the outlier factor (equal to outlier_min_scale: a fixed factor)."""
     phrase_len: int = 8
     """Mean phrase length in tokens."""
     self_repeat: float = 0.3
@@ -90,6 +99,13 @@ class SynthConfig:
             raise ValueError(f"self_repeat + shared = {self.self_repeat + self.shared} must be <= 1")
         if self.mean_len <= 0 or min(self.length_sigma, self.length_drift, self.sample_length_sigma) < 0:
             raise ValueError("mean_len must be > 0 and the sigmas >= 0")
+        if not 0.0 <= self.outlier_rate <= 1.0:
+            raise ValueError(f"SynthConfig.outlier_rate={self.outlier_rate} must be in [0, 1]")
+        if not 1.0 <= self.outlier_min_scale <= self.outlier_max_scale:
+            raise ValueError(
+                f"SynthConfig.outlier_min_scale={self.outlier_min_scale}, outlier_max_scale={self.outlier_max_scale}:"
+                " need 1 <= min <= max"
+            )
 
 
 class _Phrases:
@@ -142,6 +158,14 @@ def _clip_len(cfg: SynthConfig, x: float) -> int:
     return int(min(cfg.max_len, max(cfg.min_len, round(x))))
 
 
+def _outlier_factor(cfg: SynthConfig, rng: np.random.Generator) -> float:
+    """1, or with probability ``outlier_rate`` a log-uniform factor in [outlier_min_scale, outlier_max_scale]."""
+    if cfg.outlier_rate <= 0 or rng.random() >= cfg.outlier_rate:
+        return 1.0
+    lo, hi = np.log(cfg.outlier_min_scale), np.log(cfg.outlier_max_scale)
+    return float(np.exp(rng.uniform(lo, hi)))
+
+
 def generate(cfg: SynthConfig) -> Iterator[TraceRecord]:
     """Yield the records of a synthetic trace, sorted by step (then prompt order, then sample)."""
     rng = np.random.default_rng(cfg.seed)
@@ -171,7 +195,8 @@ def generate(cfg: SynthConfig) -> Iterator[TraceRecord]:
             for i in chunk.tolist():
                 src = srcs[i]
                 for j in range(cfg.group_size):
-                    n = _clip_len(cfg, np.exp(log_len[i] + rng.normal(0.0, cfg.sample_length_sigma)))
+                    x = np.exp(log_len[i] + rng.normal(0.0, cfg.sample_length_sigma))
+                    n = _clip_len(cfg, x * _outlier_factor(cfg, rng))
                     body = n - 1 if cfg.eos else n
                     resp = _resize(_edit(bases[i], cfg.sample_noise, src), body, src).tolist()
                     if cfg.eos:

@@ -49,7 +49,8 @@ class _Req:
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     kv_len: int = 0  # tokens[:kv_len] have their K/V in the cache slot
-    uniforms: np.ndarray = field(default_factory=lambda: np.empty(0))  # u[j] draws output token j (see _uniforms)
+    uniforms: np.ndarray = field(default_factory=lambda: np.empty(0))  # u[skip + j] draws output token j
+    skip: int = 0  # sampling.seed_offset: uniforms used by the tokens emitted before a resumption
     verify_ct: int = 0
     draft_ct: int = 0
     accept_ct: int = 0
@@ -57,16 +58,17 @@ class _Req:
 
 
 def _uniforms(st: _Req, offsets: np.ndarray) -> np.ndarray:
-    """The uniforms of output positions ``len(st.output) + offsets`` (``offsets`` [n] int64, a tree's node depths).
+    """The uniforms of output positions ``st.skip + len(st.output) + offsets`` (``offsets`` [n] int64, a tree's node depths).
 
     Output token j is always drawn with the request's j-th uniform, whatever the drafts: every node at depth d of
     a step's tree uses the uniform of position ``len(output) + d`` (only one node per depth is ever on the walked
     path), so a seeded request emits the same tokens with and without speculation.
     """
-    need = len(st.output) + int(offsets.max()) + 1
+    base = st.skip + len(st.output)
+    need = base + int(offsets.max()) + 1
     if len(st.uniforms) < need:
         st.uniforms = np.concatenate([st.uniforms, st.rng.random(max(64, need - len(st.uniforms)))])
-    return st.uniforms[len(st.output) + offsets]
+    return st.uniforms[base + offsets]
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -383,6 +385,7 @@ class Engine:
             if not req.sampling.ignore_eos:
                 stop |= self.eos_token_ids
             st = _Req(req=req, rng=rng, tokens=list(req.input_ids), stop_ids=frozenset(stop))
+            st.skip = req.sampling.seed_offset
             self._running.append(st)
             self.drafter.start(req.rid, req.prompt_id, list(req.input_ids))
             self._stats["prompt_tokens"] += len(req.input_ids)

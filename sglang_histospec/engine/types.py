@@ -62,6 +62,9 @@ class SamplingParams:
     seed: int | None = None
     """Sampling seed of this request; None = derived from the engine seed and the request counter. With a seed,
     the output depends only on the seed, the prompt and the mode (with / without HistoSpec), not on batching."""
+    seed_offset: int = 0
+    """Output token j is drawn with the seeded stream's uniform ``seed_offset + j``: a request resumed from
+    prompt + its first k output tokens with ``seed_offset=k`` emits the tokens the original would have emitted."""
 
     def __post_init__(self) -> None:
         if (
@@ -83,6 +86,8 @@ class SamplingParams:
         _check_token_ids("stop_token_ids", self.stop_token_ids, allow_empty=True)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed={self.seed!r}; use an int >= 0 or None")
+        if isinstance(self.seed_offset, bool) or not isinstance(self.seed_offset, int) or self.seed_offset < 0:
+            raise ValueError(f"seed_offset={self.seed_offset!r}; use an int >= 0 (0 = a fresh request)")
 
     @property
     def is_greedy(self) -> bool:

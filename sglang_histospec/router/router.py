@@ -6,8 +6,18 @@ and dispatched as one batched ``/generate`` per backend, in parallel. A backend 
 error, timeout or 5xx) is marked down and the requests of that call are resubmitted to the other healthy
 backends (least predicted work first): a batched call returns all its answers or none, so every request is
 answered exactly once. Plain ``/generate`` bodies are split per item and placed per prompt on the backend with
-the least outstanding predicted work. Not done here: migrating a running outlier (needs streaming/abort between
-backends); the simulator models it.
+the least outstanding predicted work.
+
+Outlier migration (``migrate_outliers``, on by default, for ``run_step``): requests then go out as one /generate
+call each, at most the cost model's ``max_running`` in flight per backend (the rest are sent in plan order as
+slots free up, so none waits in a backend's queue), and while a step is in its tail the dispatcher applies the
+simulator's rule (core/migration.py) every ``outlier_check_s``: a request estimated far past its prompt's history
+(tokens emitted = time since it was sent x the step's decode rate) is aborted on its backend (SGLang's
+``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
+to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
+seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
+samples the continuation afresh). The answer is the two parts joined; ``meta_info.histopipe.migrated_from``
+names the first backend. Plain ``/generate`` forwarding keeps the batched calls.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -26,12 +37,14 @@ from typing import Any
 import httpx
 
 from sglang_histospec.core.costmodel import CostModel
-from sglang_histospec.core.lengths import LengthPredictor, LengthPredictorConfig
+from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
+from sglang_histospec.core.migration import InFlight, decode_rate, pick_migrations
 from sglang_histospec.core.planner import POLICIES, Group, Planner, PlannerConfig
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.http_api import ApiError, check_admin_key
 from sglang_histospec.server.protocol import ModelLimits
 from sglang_histospec.server.schemas import (
+    DEFAULT_MAX_NEW_TOKENS,
     GenerateBody,
     HistoryPushBody,
     RequestLimits,
@@ -58,6 +71,18 @@ PER_ITEM_KEYS = (
 """Fields of a batched SGLang /generate body that may hold one value per item."""
 
 
+BACKEND_COUNTERS = (
+    "requests",
+    "completion_tokens",
+    "failures",
+    "failed_requests",
+    "resubmitted_in",
+    "migrated_out",
+    "migrated_in",
+)
+"""Per-backend counters in ``/metrics`` (``histopipe_backend_<name>_total``)."""
+
+
 class RouterError(ApiError):
     """A request the router cannot serve: ``status`` is the HTTP status to answer with (shared error format)."""
 
@@ -79,6 +104,16 @@ class RouterConfig:
     """A backend call taking longer counts as a failure (its requests are resubmitted)."""
     max_attempts: int = 3
     """A request is tried on at most this many backends."""
+    migrate_outliers: bool = True
+    """Abort running outliers and resume them on an idle backend (one /generate call per request); False =
+    one batched call per backend, no migration."""
+    outlier_check_s: float = 0.05
+    """Seconds between two outlier scans of a step's running requests."""
+    max_inflight: int = 256
+    """With migration: at most this many /generate calls in flight at once (the rest wait in the router)."""
+    planner: PlannerConfig | None = None
+    """Outlier rule (``outlier_factor``, ``tail_fraction``) and planner settings; None = defaults with ``policy``."""
+
     limits: RequestLimits = field(default_factory=RequestLimits)
     """The same client limits as a server's (checked before anything is forwarded)."""
     max_request_bytes: int = 64 * 2**20
@@ -92,6 +127,14 @@ class RouterConfig:
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts={self.max_attempts!r}: must be >= 1")
         check_admin_key(self.admin_api_key)
+        if not self.outlier_check_s > 0:
+            raise ValueError(f"RouterConfig.outlier_check_s={self.outlier_check_s!r}: must be > 0 seconds")
+        if not (isinstance(self.max_inflight, int) and self.max_inflight >= 1):
+            raise ValueError(f"RouterConfig.max_inflight={self.max_inflight!r}: must be an int >= 1")
+        if self.planner is not None and self.planner.policy != self.policy:
+            raise ValueError(
+                f"RouterConfig.planner.policy={self.planner.policy!r} differs from policy={self.policy!r}: set one"
+            )
 
 
 @dataclass(slots=True)
@@ -147,9 +190,11 @@ class Router:
             for url in config.backends
         ]
         self.predictor = LengthPredictor(LengthPredictorConfig(window=2))
-        self.planner = Planner(cost or CostModel(), PlannerConfig(policy=config.policy))
+        self.planner = Planner(cost or CostModel(), config.planner or PlannerConfig(policy=config.policy))
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max(8, 4 * len(self.backends)), thread_name_prefix="router")
+        self._calls = ThreadPoolExecutor(max_workers=config.max_inflight, thread_name_prefix="router-call")
+        self.migrations = 0
         self._stop = threading.Event()
         self._health_thread: threading.Thread | None = None
         self._model_limits: ModelLimits | None = None
@@ -174,6 +219,7 @@ class Router:
         if self._health_thread is not None:
             self._health_thread.join(10)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._calls.shutdown(wait=False, cancel_futures=True)
         for b in self.backends:
             b.client.close()
             b.http.close()
@@ -256,16 +302,22 @@ class Router:
         sampling_params: dict[str, Any] | None = None,
         return_logprob: bool = False,
         rids: list[str] | None = None,
+        item_params: Sequence[dict[str, Any]] | None = None,
     ) -> list[dict[str, Any]]:
         """Generate ``group_size`` samples of every prompt; answers in request order (prompt i, sample j at i*G+j).
 
-        Each answer is the backend's SGLang item plus ``meta_info.histopipe`` = ``{"backend", "attempts"}``.
-        ``rids``: one request id per sample (default: fresh ones), for aborting them.
+        Each answer is the backend's SGLang item plus ``meta_info.histopipe`` = ``{"backend", "attempts", ...}``.
+        ``rids``: one request id per sample (default: fresh ones), for aborting them. ``item_params``: per request
+        (index i*G+j), sampling params merged over ``sampling_params`` (e.g. one seed per sample).
         """
         if not isinstance(group_size, int) or group_size < 1:
             raise RouterError(400, f"group_size: must be an int >= 1, got {group_size!r}", "group_size")
         if not prompts:
             raise RouterError(400, "prompts: empty step", "prompts")
+        if item_params is not None and len(item_params) != len(prompts) * group_size:
+            raise RouterError(
+                400, f"item_params has {len(item_params)} entries for {len(prompts) * group_size} requests"
+            )
         live = self._live()
         groups = [Group(pid, group_size, len(ids)) for pid, ids in prompts]
         with self._lock:
@@ -273,7 +325,7 @@ class Router:
         items: list[dict[str, Any]] = []
         for pid, ids in prompts:
             for _ in range(group_size):
-                sp = dict(sampling_params or {})
+                sp = {**(sampling_params or {}), **(item_params[len(items)] if item_params is not None else {})}
                 sp["custom_params"] = {**sp.get("custom_params", {}), "prompt_id": pid}
                 item = {"input_ids": list(ids), "sampling_params": sp, "return_logprob": return_logprob}
                 item["rid"] = rids[len(items)] if rids is not None else uuid.uuid4().hex
@@ -282,7 +334,9 @@ class Router:
             self.backends.index(live[w]): [g * group_size + s for g, s in reqs] for w, reqs in enumerate(plan.workers)
         }
         predicted = [plan.predicted_lengths[i // group_size] for i in range(len(items))]
-        results = [outs[0] for outs in self._dispatch(items, placement, predicted)]
+        with self._lock:
+            estimates = [self.predictor.predict(pid) for pid, _ in prompts for _ in range(group_size)]
+        results = [outs[0] for outs in self._dispatch(items, placement, predicted, estimates=estimates)]
         with self._lock:
             for i, out in enumerate(results):
                 pid = prompts[i // group_size][0]
@@ -431,10 +485,14 @@ class Router:
         placement: dict[int, list[int]],
         predicted: list[float],
         counts: list[int] | None = None,
+        estimates: list[LengthEstimate] | None = None,
     ) -> list[list[dict[str, Any]]]:
         """Run ``placement`` (backend index -> item indices); resubmit the items of failed calls elsewhere.
-        Item i is answered by ``counts[i]`` outputs (its ``n`` samples)."""
+        Item i is answered by ``counts[i]`` outputs (its ``n`` samples). With ``estimates`` (one sample per item)
+        and ``migrate_outliers``: one call per request, outliers migrated (the module docstring)."""
         counts = counts or [1] * len(items)
+        if self.config.migrate_outliers and estimates is not None and all(c == 1 for c in counts):
+            return [[out] for out in _Flights(self, items, predicted, estimates).run(placement)]
         results: list[list[dict[str, Any]] | None] = [None] * len(items)
         attempts = [0] * len(items)
         running: dict[Future, tuple[int, list[int]]] = {}
@@ -481,6 +539,14 @@ class Router:
         return results  # type: ignore[return-value]
 
     def _resubmit(self, idx: list[int], attempts: list[int], predicted: list[float], submit, exclude: int) -> None:  # noqa: ANN001
+        for b, chunk in self._replace(idx, attempts, predicted, exclude).items():
+            self.backends[b].count("resubmitted_in", len(chunk))
+            submit(b, chunk)
+
+    def _replace(
+        self, idx: list[int], attempts: list[int], predicted: list[float], exclude: int
+    ) -> dict[int, list[int]]:
+        """New backends (least outstanding work first) for the requests of a failed call."""
         if self._stop.is_set():
             raise RouterError(503, "the router is shutting down")
         over = [i for i in idx if attempts[i] >= self.config.max_attempts]
@@ -496,9 +562,7 @@ class Router:
                 target = min(load, key=lambda k: (load[k], k))
                 moved.setdefault(target, []).append(i)
                 load[target] += predicted[i]
-        for b, chunk in moved.items():
-            self.backends[b].count("resubmitted_in", len(chunk))
-            submit(b, chunk)
+        return moved
 
     def _post(self, backend: Backend, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         body = join_generate_items(items)
@@ -513,6 +577,14 @@ class Router:
         out = response.json()
         return out if isinstance(out, list) else [out]
 
+    def _abort(self, backend: Backend, rid: str) -> bool:
+        """SGLang's abort route on ``backend``; False when the backend did not take it."""
+        try:
+            response = backend.http.post("/abort_request", json={"rid": rid}, timeout=10.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 400
+
     def _down(self, backend: Backend) -> None:
         backend.healthy = False
         backend.count("failures")
@@ -522,6 +594,7 @@ class Router:
         return {
             "policy": self.config.policy,
             "steps": self.steps,
+            "migrations": self.migrations,
             "prompts_with_history": len(self.predictor),
             "backends": [
                 {"url": b.url, "healthy": b.healthy, "outstanding_tokens": b.outstanding, **b.counters}
@@ -556,13 +629,204 @@ class Router:
             "# TYPE histopipe_backend_healthy gauge",
             *(f'histopipe_backend_healthy{{backend="{b.url}"}} {int(b.healthy)}' for b in self.backends),
         ]
-        for name in ("requests", "completion_tokens", "failures", "failed_requests", "resubmitted_in"):
+        for name in BACKEND_COUNTERS:
             lines.append(f"# TYPE histopipe_backend_{name}_total counter")
             lines += [
                 f'histopipe_backend_{name}_total{{backend="{b.url}"}} {b.counters.get(name, 0)}' for b in self.backends
             ]
         lines += ["# TYPE histopipe_steps_total counter", f"histopipe_steps_total {self.steps}"]
+        lines += ["# TYPE histopipe_migrations_total counter", f"histopipe_migrations_total {self.migrations}"]
         return "\n".join(lines) + "\n"
+
+
+@dataclass(slots=True)
+class _Flight:
+    """One request of a per-request dispatch: its current submission and what earlier ones emitted."""
+
+    backend: int
+    rid: str
+    started: float
+    decoding: float | None = None  # when it was sent (it joins its backend's batch at once; None: held back)
+    body: dict[str, Any] = field(default_factory=dict)  # the item of its current submission
+    attempts: int = 1
+    moved: bool = False
+    target: int | None = None  # set while an abort for migration is under way
+    head: dict[str, Any] | None = None  # the aborted part's answer (output_ids, text, logprobs) once migrated
+    sources: list[str] = field(default_factory=list)
+    intervals: list[list[Any]] = field(default_factory=list)  # [backend url, server_received, server_answered]
+
+
+class _Flights:
+    """Per-request dispatch with outlier migration (see the module docstring); one instance per step."""
+
+    def __init__(
+        self, router: Router, items: list[dict[str, Any]], predicted: list[float], estimates: list[LengthEstimate]
+    ) -> None:
+        self.router, self.items, self.predicted, self.estimates = router, items, predicted, estimates
+        self.results: list[dict[str, Any] | None] = [None] * len(items)
+        self.flights: dict[int, _Flight] = {}
+        self.running: dict[Future, int] = {}
+        self.rates: list[tuple[int, float]] = []
+        self.tag = uuid.uuid4().hex[:12]
+        self.held: dict[int, deque[int]] = {}  # per backend, requests not sent yet, in plan order
+        self.inflight: dict[int, int] = {}
+        self.cap = router.planner.cost.config.max_running
+
+    def run(self, placement: dict[int, list[int]]) -> list[dict[str, Any]]:
+        for b, idx in placement.items():
+            for i in idx:
+                self._submit(i, b, self.items[i])
+        while self.running:
+            done, _ = wait(list(self.running), timeout=self.router.config.outlier_check_s, return_when=FIRST_COMPLETED)
+            for fut in done:
+                self._landed(self.running.pop(fut), fut)
+            self._scan()
+        assert all(r is not None for r in self.results), "a request was lost"
+        return self.results  # type: ignore[return-value]
+
+    def _submit(self, i: int, b: int, item: dict[str, Any]) -> None:
+        backend = self.router.backends[b]
+        f = self.flights.get(i)
+        if f is None:
+            f = self.flights[i] = _Flight(b, item.get("rid") or f"hp-{self.tag}-{i}", time.monotonic())
+        else:
+            f.backend, f.started, f.decoding, f.attempts = b, time.monotonic(), None, f.attempts + 1
+            f.rid = f"{f.rid.split('~')[0]}~{f.attempts}"
+        with self.router._lock:
+            backend.outstanding += self.predicted[i]
+        f.body = {**item, "rid": f.rid}
+        self.held.setdefault(b, deque()).append(i)
+        self._pump(b)
+
+    def _pump(self, b: int) -> None:
+        """Send backend ``b``'s held requests, in plan order, while it runs fewer than ``max_running`` (the cost
+        model's batch cap): the backend never queues, so a request decodes from the moment it is sent."""
+        held = self.held.get(b) or deque()
+        while held and self.inflight.get(b, 0) < self.cap:
+            i = held.popleft()
+            f = self.flights[i]
+            f.decoding = time.monotonic()
+            self.inflight[b] = self.inflight.get(b, 0) + 1
+            self.running[self.router._calls.submit(self.router._post, self.router.backends[b], [f.body])] = i
+
+    def _landed(self, i: int, fut: Future) -> None:
+        f = self.flights[i]
+        backend = self.router.backends[f.backend]
+        with self.router._lock:
+            backend.outstanding -= self.predicted[i]
+        self.inflight[f.backend] -= 1
+        self._pump(f.backend)
+        try:
+            [out] = fut.result()
+        except _BackendDown:
+            self.router._down(backend)
+            backend.count("failed_requests")
+            f.target = None
+            attempts = [0] * len(self.items)
+            attempts[i] = f.attempts
+            for b, _ in self.router._replace([i], attempts, self.predicted, exclude=f.backend).items():
+                self.router.backends[b].count("resubmitted_in")
+                self._submit(i, b, self._continuation(i, f))
+            return
+        meta = out.get("meta_info") or {}
+        if "server_received" in meta:
+            f.intervals.append([backend.url, meta["server_received"], meta["server_answered"]])
+        if f.target is not None and (meta.get("finish_reason") or {}).get("type") == "abort":
+            self._migrate(i, f, out)
+            return
+        f.target = None  # it finished before the abort landed: nothing to migrate
+        self.rates.append((_completion_tokens(out), time.monotonic() - (f.decoding or f.started)))
+        assert self.results[i] is None, "a request was answered twice"
+        self.results[i] = self._join(f, out)
+        backend.count("requests")
+        backend.count("completion_tokens", _completion_tokens(out))
+
+    def _migrate(self, i: int, f: _Flight, out: dict[str, Any]) -> None:
+        """The abort landed: resume the request on its target with the tokens it emitted."""
+        source, target = self.router.backends[f.backend], f.target
+        assert target is not None
+        f.head = _joined(f.head, out)
+        f.sources.append(source.url)
+        f.target = None
+        source.count("migrated_out")
+        self.router.backends[target].count("migrated_in")
+        with self.router._lock:
+            self.router.migrations += 1
+        self._submit(i, target, self._continuation(i, f))
+
+    def _continuation(self, i: int, f: _Flight) -> dict[str, Any]:
+        """The item to send for request ``i``: prompt + the tokens emitted so far, draws offset by their count."""
+        item = self.items[i]
+        done = list((f.head or {}).get("output_ids") or [])
+        if not done:
+            return item
+        sp = dict(item.get("sampling_params") or {})
+        custom = dict(sp.get("custom_params") or {})
+        custom["seed_offset"] = int(custom.get("seed_offset") or 0) + len(done)
+        sp["custom_params"] = custom
+        sp["max_new_tokens"] = max(1, int(sp.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS) - len(done))
+        return {**item, "input_ids": list(item["input_ids"]) + done, "sampling_params": sp}
+
+    def _join(self, f: _Flight, out: dict[str, Any]) -> dict[str, Any]:
+        final = _joined(f.head, out)
+        meta = final.setdefault("meta_info", {})
+        if f.head is not None:
+            meta["prompt_tokens"] = meta.get("prompt_tokens", 0) - len(f.head.get("output_ids") or [])
+        meta["histopipe"] = {
+            "backend": self.router.backends[f.backend].url,
+            "attempts": f.attempts,
+            "migrated_from": f.sources,
+            "intervals": f.intervals,
+        }
+        return final
+
+    def _scan(self) -> None:
+        """Abort the outliers the migration rule picks (their answers come back through ``_landed``)."""
+        live = [b for b, backend in enumerate(self.router.backends) if backend.healthy]
+        busy = {b for b, n in self.inflight.items() if n > 0} | {b for b, q in self.held.items() if q}
+        busy |= {f.target for f in self.flights.values() if f.target is not None}
+        idle = [b for b in live if b not in busy]
+        if not idle:
+            return
+        now = time.monotonic()
+        pending = [i for i, f in self.flights.items() if self.results[i] is None and f.target is None and f.decoding]
+        pending = [i for i in pending if i not in self.held.get(self.flights[i].backend, ())]
+        flights = [
+            InFlight(i, f.backend, now - f.decoding, len((f.head or {}).get("output_ids") or []), self.estimates[i],
+                     f.moved)
+            for i, f in ((i, self.flights[i]) for i in pending)
+        ]  # fmt: skip
+        unfinished = sum(r is None for r in self.results)
+        picks = pick_migrations(
+            flights, unfinished, len(self.items), idle, decode_rate(self.rates), self.router.planner.config
+        )
+        for i, target in picks:
+            f = self.flights[i]
+            f.moved = True
+            if self.router._abort(self.router.backends[f.backend], f.rid):
+                f.target = target
+
+
+def _joined(head: dict[str, Any] | None, tail: dict[str, Any]) -> dict[str, Any]:
+    """An answer made of ``head`` (an aborted part, or None) followed by ``tail``."""
+    if head is None:
+        return dict(tail)
+    out = dict(tail)
+    meta = dict(tail.get("meta_info") or {})
+    head_meta = head.get("meta_info") or {}
+    out["output_ids"] = list(head.get("output_ids") or []) + list(tail.get("output_ids") or [])
+    out["text"] = (head.get("text") or "") + (tail.get("text") or "")
+    meta["completion_tokens"] = len(out["output_ids"])
+    meta["prompt_tokens"] = meta.get("prompt_tokens", 0)
+    if "output_token_logprobs" in head_meta or "output_token_logprobs" in meta:
+        meta["output_token_logprobs"] = list(head_meta.get("output_token_logprobs") or []) + list(
+            meta.get("output_token_logprobs") or []
+        )
+    for key in ("spec_verify_ct", "spec_draft_token_num", "spec_accept_token_num", "e2e_latency"):
+        if isinstance(meta.get(key), (int, float)) and isinstance(head_meta.get(key), (int, float)):
+            meta[key] = meta[key] + head_meta[key]
+    out["meta_info"] = meta
+    return out
 
 
 def _dumps(body: Any) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -111,6 +112,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Response:
+        received = time.time()
         limits = backend.limits()
         check_generate_body(body, config.limits)  # cheap, on the loop: refuses oversized input before any work
         tokenize = backend.tokenize if limits.has_tokenizer else None
@@ -137,6 +139,9 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
                 finish_type=str(out.finish_reason.get("type")),
             )
         items = [_sglang_item(o, r, body.return_text_in_logprobs, backend) for o, r in zip(outputs, inputs)]
+        answered = time.time()
+        for item in items:  # wall clock of this server (HistoPipe measures busy time from it)
+            item["meta_info"]["server_received"], item["meta_info"]["server_answered"] = received, answered
         return JSONResponse(items if is_batch(body) or len(items) > 1 else items[0])
 
     @app.post("/histospec/history")

@@ -70,6 +70,8 @@ class GenerationInput:
     ignore_eos: bool = False
     """True: the model's EOS does not end the request (``stop_token_ids`` still do)."""
     seed: int | None = None
+    seed_offset: int = 0
+    """Index of the seeded draw of output token 0 (a resumed request: the tokens it already has)."""
     prompt_id: str | None = None
     """History group (``sampling_params.custom_params.prompt_id``); None = no history drafting."""
     return_logprob: bool = False

@@ -92,6 +92,9 @@ class CustomParams(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
     prompt_id: Str | Int | None = None
+    seed_offset: Int | None = None
+    """histospec extension: output token j uses the seeded stream's draw ``seed_offset + j`` (a request resumed
+    from prompt + its first k tokens with ``seed_offset=k`` continues as the original would have; torch backend)."""
 
 
 class SamplingParamsBody(_Strict):
@@ -339,6 +342,9 @@ def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits,
         raise FieldError(f"{where}.seed", "differs from sampling_seed; send one of them")
     seed = sp.sampling_seed if sp.sampling_seed is not None else sp.seed
     prompt_id = None
+    offset = 0 if sp.custom_params is None or sp.custom_params.seed_offset is None else sp.custom_params.seed_offset
+    if offset < 0:
+        raise FieldError(f"{where}.custom_params.seed_offset", f"must be an int >= 0, got {offset}")
     if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
         prompt_id = str(sp.custom_params.prompt_id)
     return dict(
@@ -349,6 +355,7 @@ def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits,
         stop_token_ids=stops,
         ignore_eos=sp.ignore_eos,
         seed=seed,
+        seed_offset=offset,
         prompt_id=prompt_id,
         skip_special_tokens=sp.skip_special_tokens,
     )

@@ -163,6 +163,7 @@ class TorchBackend:
                         stop_token_ids=req.stop_token_ids,
                         ignore_eos=req.ignore_eos,
                         seed=req.seed,
+                        seed_offset=req.seed_offset,
                     ),
                 )
             except ValueError as exc:
