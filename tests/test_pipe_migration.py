@@ -242,3 +242,46 @@ def test_router_keeps_at_most_max_running_in_flight_per_backend_in_plan_order(st
         assert set(sent[:2]) == {2, 3} and set(sent[4:]) == {0, 1}
     finally:
         router.close()
+
+
+def test_router_shutdown_fails_a_migrating_step_at_once(stall_servers):
+    """begin_shutdown (SIGTERM) fails a step of per-request calls at once, even while a request still runs."""
+    router = Router(RouterConfig(backends=[stall_servers[0].url]))
+    router.start()
+    got: list = []
+
+    def run() -> None:
+        try:
+            got.append(router.run_step(1, [("stall", [1, 2])], 1, {"max_new_tokens": 12, "sampling_seed": 1}))
+        except RouterError as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not stall_servers[0].calls:  # the request runs (and stalls) on the backend
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        router.begin_shutdown()
+        t.join(10)
+        assert time.monotonic() - t0 < 5 and isinstance(got[0], RouterError) and got[0].status == 503, got
+    finally:
+        stall_servers[0].aborted.update(stall_servers[0].calls)  # let the fake server's stalled request end
+        t.join(10)
+        router.close()
+
+
+def test_client_abort_reaches_a_resubmitted_request_and_stops_its_migration():
+    """Router.abort of a step's rid also aborts its current resubmission ("<rid>~<k>") and marks it aborted."""
+    router = Router(RouterConfig(backends=["http://127.0.0.1:9"]))
+    posted: list = []
+    router.backends[0].http.post = lambda path, content, timeout: posted.append((path, content))  # type: ignore[method-assign]
+    try:
+        router._current_rids.update({"a": "a~2", "b": "b"})
+        router.abort(["a", "b", "unknown"])
+        assert posted == [("/abort_request", b'{"rid":["a","b","unknown","a~2"]}')]
+        assert router._aborted == {"a", "b"}
+    finally:
+        router.close()

@@ -195,6 +195,8 @@ class Router:
         self._pool = ThreadPoolExecutor(max_workers=max(8, 4 * len(self.backends)), thread_name_prefix="router")
         self._calls = ThreadPoolExecutor(max_workers=config.max_inflight, thread_name_prefix="router-call")
         self.migrations = 0
+        self._current_rids: dict[str, str] = {}  # rid a client knows -> rid of its running resubmission
+        self._aborted: set[str] = set()  # rids a client aborted while they ran (not migrated any more)
         self._stop = threading.Event()
         self._health_thread: threading.Thread | None = None
         self._model_limits: ModelLimits | None = None
@@ -387,9 +389,13 @@ class Router:
         return flat if batch or len(flat) > 1 else flat[0]
 
     def abort(self, rids: list[str]) -> None:
-        """Abort these requests on every backend (a client that went away); best effort."""
+        """Abort these requests on every backend (a client that went away); best effort. A request of a step
+        that was migrated or resubmitted is aborted under its current rid too, and is not migrated again."""
         if not rids:
             return
+        with self._lock:
+            self._aborted.update(r for r in rids if r in self._current_rids)
+            rids = list(rids) + [self._current_rids[r] for r in rids if self._current_rids.get(r, r) != r]
         for b in self.healthy():
             try:
                 b.http.post("/abort_request", content=_dumps({"rid": rids}), timeout=5.0)
@@ -580,8 +586,8 @@ class Router:
     def _abort(self, backend: Backend, rid: str) -> bool:
         """SGLang's abort route on ``backend``; False when the backend did not take it."""
         try:
-            response = backend.http.post("/abort_request", json={"rid": rid}, timeout=10.0)
-        except httpx.HTTPError:
+            response = backend.http.post("/abort_request", content=_dumps({"rid": rid}), timeout=10.0)
+        except (httpx.HTTPError, RuntimeError):  # RuntimeError: the client was closed at shutdown
             return False
         return response.status_code < 400
 
@@ -646,6 +652,7 @@ class _Flight:
     backend: int
     rid: str
     started: float
+    base: str = ""  # the rid of its first submission (the one a client knows); resubmissions are "<base>~<k>"
     decoding: float | None = None  # when it was sent (it joins its backend's batch at once; None: held back)
     body: dict[str, Any] = field(default_factory=dict)  # the item of its current submission
     attempts: int = 1
@@ -673,14 +680,24 @@ class _Flights:
         self.cap = router.planner.cost.config.max_running
 
     def run(self, placement: dict[int, list[int]]) -> list[dict[str, Any]]:
-        for b, idx in placement.items():
-            for i in idx:
-                self._submit(i, b, self.items[i])
-        while self.running:
-            done, _ = wait(list(self.running), timeout=self.router.config.outlier_check_s, return_when=FIRST_COMPLETED)
-            for fut in done:
-                self._landed(self.running.pop(fut), fut)
-            self._scan()
+        try:
+            for b, idx in placement.items():
+                for i in idx:
+                    self._submit(i, b, self.items[i])
+            while self.running:
+                done, _ = wait(
+                    list(self.running), timeout=self.router.config.outlier_check_s, return_when=FIRST_COMPLETED
+                )
+                if self.router._stop.is_set():  # begin_shutdown: fail the step now, wait for no backend
+                    raise RouterError(503, "the router is shutting down")
+                for fut in done:
+                    self._landed(self.running.pop(fut), fut)
+                self._scan()
+        finally:
+            with self.router._lock:
+                for f in self.flights.values():
+                    self.router._current_rids.pop(f.base, None)
+                    self.router._aborted.discard(f.base)
         assert all(r is not None for r in self.results), "a request was lost"
         return self.results  # type: ignore[return-value]
 
@@ -688,12 +705,14 @@ class _Flights:
         backend = self.router.backends[b]
         f = self.flights.get(i)
         if f is None:
-            f = self.flights[i] = _Flight(b, item.get("rid") or f"hp-{self.tag}-{i}", time.monotonic())
+            rid = item.get("rid") or f"hp-{self.tag}-{i}"
+            f = self.flights[i] = _Flight(b, rid, time.monotonic(), base=rid)
         else:
             f.backend, f.started, f.decoding, f.attempts = b, time.monotonic(), None, f.attempts + 1
-            f.rid = f"{f.rid.split('~')[0]}~{f.attempts}"
+            f.rid = f"{f.base}~{f.attempts}"
         with self.router._lock:
             backend.outstanding += self.predicted[i]
+            self.router._current_rids[f.base] = f.rid
         f.body = {**item, "rid": f.rid}
         self.held.setdefault(b, deque()).append(i)
         self._pump(b)
@@ -717,7 +736,7 @@ class _Flights:
         self.inflight[f.backend] -= 1
         self._pump(f.backend)
         try:
-            [out] = fut.result()
+            outs = fut.result()
         except _BackendDown:
             self.router._down(backend)
             backend.count("failed_requests")
@@ -728,10 +747,15 @@ class _Flights:
                 self.router.backends[b].count("resubmitted_in")
                 self._submit(i, b, self._continuation(i, f))
             return
+        if len(outs) != 1:
+            raise RouterError(502, f"{backend.url} answered {len(outs)} items for 1 request")
+        [out] = outs
         meta = out.get("meta_info") or {}
         if "server_received" in meta:
             f.intervals.append([backend.url, meta["server_received"], meta["server_answered"]])
-        if f.target is not None and (meta.get("finish_reason") or {}).get("type") == "abort":
+        with self.router._lock:
+            aborted = f.base in self.router._aborted  # its client went away: its answer is the aborted part
+        if f.target is not None and not aborted and (meta.get("finish_reason") or {}).get("type") == "abort":
             self._migrate(i, f, out)
             return
         f.target = None  # it finished before the abort landed: nothing to migrate
@@ -772,6 +796,8 @@ class _Flights:
         meta = final.setdefault("meta_info", {})
         if f.head is not None:
             meta["prompt_tokens"] = meta.get("prompt_tokens", 0) - len(f.head.get("output_ids") or [])
+        if f.attempts > 1 and "id" in meta:
+            meta["id"] = f.base  # the rid the client knows, not that of the resubmission
         meta["histopipe"] = {
             "backend": self.router.backends[f.backend].url,
             "attempts": f.attempts,
@@ -803,6 +829,9 @@ class _Flights:
         for i, target in picks:
             f = self.flights[i]
             f.moved = True
+            with self.router._lock:
+                if f.base in self.router._aborted:
+                    continue
             if self.router._abort(self.router.backends[f.backend], f.rid):
                 f.target = target
 
