@@ -97,7 +97,7 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         return list(tokenizer(text).input_ids)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in newer transformers
 
 
 def trainable_params(model, train_layers: int) -> list:
@@ -295,8 +295,7 @@ def record_trace(model_dir: str | os.PathLike, cfg: RecordConfig, out: str | os.
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate)
     done = _resume(work, engine, opt, params, model)
     if not done and cfg.warmup_examples and cfg.warmup_epochs:
-        warmup(model, tok, family, cfg, progress)
-        params = trainable_params(model, cfg.train_layers)
+        warmup(model, tok, family, cfg, progress)  # trains the same parameters, with its own optimizer
     for epoch in range(len(done), cfg.epochs):
         t0 = time.perf_counter()
         records, delta = rollout_epoch(engine, family, prompt_ids, cfg, epoch, progress)

@@ -450,8 +450,8 @@ class Engine:
             if step != self._history_step:  # new history: whether drafting pays is measured anew
                 self._history_step = step
                 self.governor.forget_drafting()
-        if self.governor is not None and not self.governor.use_spec(len(running)):
-            return [0] * len(running)
+            if not self.governor.use_spec(len(running)):
+                return [0] * len(running)
         rids = [st.req.rid for st in running]
         raw = self.budgets.step_budgets(rids, len(running))
         out = []
