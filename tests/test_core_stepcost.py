@@ -1,4 +1,4 @@
-"""The cost-aware cut: the online step-time model, the probability calibration and best_cut against brute force."""
+"""The cost-aware cut: the online step-time model and best_cut against brute force."""
 
 from __future__ import annotations
 
@@ -7,14 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.stepcost import (
-    BIN_EDGES,
-    CalibrationConfig,
-    ProbCalibration,
-    StepCostConfig,
-    StepCostModel,
-    best_cut,
-)
+from sglang_histospec.core.stepcost import StepCostConfig, StepCostModel, best_cut
 
 
 def _best_ratio(probs_desc, base_tokens, base_cost, row_cost):
@@ -31,9 +24,6 @@ def test_docstring_examples():
     assert model.row_cost() == pytest.approx(5e-6, rel=1e-3)
     assert model.base_cost(16) == pytest.approx(0.002, rel=1e-3)
     assert best_cut(np.array([0.9, 0.8, 0.1, 0.01]), 16, model.base_cost(16), model.row_cost()) == 3
-    cal = ProbCalibration()
-    cal.observe(np.array([1.0, 1.0, 1.0, 1.0]), np.array([True, False, False, False]))
-    assert cal.calibrate(np.array([1.0])).tolist() == [0.625]
 
 
 @pytest.mark.parametrize(
@@ -106,32 +96,6 @@ def test_row_cost_never_negative_and_unidentified_rows_cut_nothing():
     assert falling.row_cost() == 0.0
 
 
-def test_calibration_learns_the_acceptance_of_each_bin():
-    rng = np.random.default_rng(1)
-    cal = ProbCalibration(CalibrationConfig(decay=1.0))
-    assert cal.calibrate(np.array([0.3, 1.0])).tolist() == [0.3, 1.0]  # no data: identity
-    true_rate = {0.3: 0.12, 1.0: 0.25, 0.85: 0.66}  # overconfident at 1.0 and 0.3, as measured on the demo
-    for _ in range(200):
-        probs = np.array([p for p in true_rate for _ in range(5)])
-        accepted = rng.random(len(probs)) < np.array([true_rate[p] for p in probs])
-        cal.observe(probs, accepted)
-    got = cal.calibrate(np.array(list(true_rate)))
-    np.testing.assert_allclose(got, list(true_rate.values()), atol=0.04)
-    rows = {r["upper"]: r for r in cal.table()}
-    assert rows[1.0]["nodes"] == 1000 and rows[1.0]["drafted"] == pytest.approx(1.0)
-
-
-def test_calibration_bins_and_decay():
-    assert BIN_EDGES[-1] < 1.0  # probability 1.0 (a context seen once) has a bin of its own
-    cal = ProbCalibration(CalibrationConfig(decay=0.5, prior_nodes=1.0))
-    cal.observe(np.array([0.55]), np.array([True]))
-    cal.observe(np.array([]), np.array([], dtype=bool))  # an empty step only decays
-    assert cal.table()[0]["nodes"] == pytest.approx(0.5)
-    assert cal.calibrate(np.array([0.52])).tolist() == pytest.approx([(0.5 + 0.55) / 1.5])
-    with pytest.raises(ValueError, match="one flag per node"):
-        cal.observe(np.array([0.5, 0.6]), np.array([True]))
-
-
 @pytest.mark.parametrize(
     "make, match",
     [
@@ -139,8 +103,6 @@ def test_calibration_bins_and_decay():
         (lambda: StepCostConfig(min_steps=2), "min_steps"),
         (lambda: StepCostConfig(refit_every=0), "refit_every"),
         (lambda: StepCostConfig(pause_steps=-1), "pause_steps"),
-        (lambda: CalibrationConfig(decay=0.0), "decay"),
-        (lambda: CalibrationConfig(prior_nodes=0.0), "prior_nodes"),
     ],
 )
 def test_config_validation(make, match):
@@ -152,3 +114,13 @@ def test_config_validation(make, match):
 def test_observe_rejects_bad_input(batch, rows, seconds):
     with pytest.raises(ValueError):
         StepCostModel().observe(batch, rows, seconds)
+
+
+def test_weighted_observations_count_as_several_steps():
+    model = StepCostModel()
+    for extra in (0, 32, 64, 256):  # 4 observations standing for min_steps steps: ready at once
+        model.observe(16, 16 + extra, 0.002 + 0.000005 * extra, weight=4.0)
+    assert model.ready
+    assert model.row_cost() == pytest.approx(5e-6, rel=1e-3)
+    with pytest.raises(ValueError, match="weight"):
+        model.observe(16, 16, 0.002, weight=0.0)

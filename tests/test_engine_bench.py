@@ -28,6 +28,21 @@ def test_bench_engine_json_contract(tmp_path, capsys):
     assert out["mean_token_entropy"] > 0  # a random tiny model samples at high entropy
     row = out["per_epoch"][1]
     assert row["forwards_histospec"] > 0 and row["forwards_plain"] > 0
+    ratios = [r["tokens_per_s_histospec"] / r["tokens_per_s_plain"] for r in out["per_epoch"]]
+    assert out["speedup_cold"] == ratios[0] and out["speedup_min"] == min(ratios)  # epoch 0 (cold) included
+
+
+def test_bench_engine_batch_sweep(tmp_path, capsys):
+    path = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=96, seed=0)
+    argv = ["bench", "engine", "--model", path, "--epochs", "2", "--num-prompts", "2", "--group-size", "2"]
+    argv += ["--batch", "1,3", "--max-new-tokens", "4", "--no-hf", "--json"]
+    with torch_threads(1):
+        assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["batch"] for r in out["sweep"]] == [1, 3]
+    assert out["speedup_min"] == min(r["speedup_min"] for r in out["sweep"])
+    with pytest.raises(SystemExit, match="comma list"):
+        cli.main(argv[:-4] + ["--batch", "1,x", "--json"])
 
 
 def test_bench_engine_demo_model_choices():

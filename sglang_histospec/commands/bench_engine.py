@@ -3,10 +3,13 @@
 Workload: a fixed prompt set repeated every epoch (an RL rollout without weight updates), ``--group-size``
 samples per prompt at temperature 1, ``--batch`` requests decoded together. Epoch 0 fills the history (the
 HistoSpec engine records its own finished responses, ``end_step`` closes each epoch); epochs 1.. are measured.
-In every measured epoch the three systems run the same requests one after the other (same seeds for the two
-engine runs), so the ratios come from one run under the same machine load; the JSON reports medians over the
-measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU second of the process
-(``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine). Diagnostics: ``step_cost_ratio`` (wall
+Both engines first warm up on a few short requests. In every epoch the three systems run the same requests one
+after the other (same seeds for the two engine runs), so the ratios come from one run under the same machine
+load. The JSON reports medians over the measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU
+second of the process (``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine), and beside them
+``speedup_cold`` (epoch 0: no history yet) and ``speedup_min`` (the worst epoch, epoch 0 included). ``--batch
+1,4,16,64`` runs the workload at each batch size: ``{"sweep": [one result per batch], "speedup_min": ...}``.
+Diagnostics: ``step_cost_ratio`` (wall
 time of one HistoSpec engine step, verify forward and host work, over one plain step; the speedup is about
 ``forwards_plain / forwards_histospec / step_cost_ratio``) and ``mean_token_entropy`` (nats per generated token
 of the sampling distribution: the lower, the more the responses of one prompt rhyme and the more drafts accept).
@@ -46,7 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=6, help="epochs; the first only fills the history")
     parser.add_argument("--num-prompts", type=int, default=64, help="prompts in the repeated set (demo task: all 64)")
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt and epoch (a GRPO group)")
-    parser.add_argument("--batch", type=int, default=16, help="requests decoded together (all three systems)")
+    parser.add_argument(
+        "--batch",
+        default="16",
+        help="requests decoded together (all three systems); a comma list (1,4,16,64) runs a sweep, one result each",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="draft node cap per request and step")
@@ -219,36 +226,29 @@ def _hf_epoch(model, token_ids, args, eos_ids, pad_id: int, epoch: int) -> tuple
     return time.perf_counter() - start, tokens, time.process_time() - cpu_start
 
 
-def run(args: argparse.Namespace) -> int:
+def _warm_up(engine, hf_model, token_ids, pad_id: int) -> None:
+    """A few short generations first, so that no measured epoch pays for the process's first forward passes
+    (allocations, kernel selection); they record no history (no prompt id)."""
+    import torch
+
+    from sglang_histospec.engine import GenerateRequest, SamplingParams
+
+    reqs = [GenerateRequest(rid=f"warm-{i}", input_ids=t, sampling=SamplingParams(max_new_tokens=8))
+            for i, t in enumerate(token_ids[:2])]  # fmt: skip
+    engine.generate(reqs)
+    if hf_model is not None:
+        with torch.inference_mode():
+            hf_model.generate(torch.tensor([token_ids[0]]), max_new_tokens=4, do_sample=False, pad_token_id=pad_id)
+
+
+def _run_batch(args, batch: int, model_label: str, budget) -> dict:
+    """Every epoch of the workload at one batch size; the JSON object of one result."""
     import torch
 
     from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
 
-    if args.epochs < 2:
-        raise SystemExit("--epochs must be >= 2 (epoch 0 only fills the history)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model_label = args.model
-    if args.model is not None:
-        from sglang_histospec.models import resolve_model
-
-        args.model = resolve_model(args.model, progress=not args.json)
-    else:
-        from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
-
-        name = "quick" if args.quick_model else args.demo_model
-        args.model = str(build_or_load_demo_model(config=DEMO_MODELS[name], progress=not args.json))
-        model_label = f"demo model ({name} config): {args.model}"
-
-    from sglang_histospec.core import BudgetConfig
-
-    budget = None  # the engine's default
-    if args.budget_policy is not None or args.cost_limit is not None:
-        budget_kw = {"policy": args.budget_policy or "paper", "fixed": args.budget_fixed}
-        if args.cost_limit is not None:
-            budget_kw["cost_limit"] = args.cost_limit or None
-        budget = BudgetConfig(**budget_kw)
+    args = argparse.Namespace(**{**vars(args), "batch": batch})
 
     def make(alg: str) -> Engine:
         return Engine(
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
                 model_path=args.model,
                 device=args.device,
                 speculative_algorithm=alg,
-                max_running_requests=args.batch,
+                max_running_requests=batch,
                 num_draft_tokens=args.num_draft_tokens,
                 seed=args.seed,
                 budget=budget,
@@ -270,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
     pad_id = (
         spec.tokenizer.pad_token_id if spec.tokenizer is not None and spec.tokenizer.pad_token_id is not None else 0
     )
+    for engine in (spec, plain):
+        _warm_up(engine, hf_model if engine is spec else None, token_ids, pad_id)
     rows = []
     last_plain = None
     for epoch in range(args.epochs):
@@ -320,6 +322,8 @@ def run(args: argparse.Namespace) -> int:
         "tokens_per_s_plain": p,
         "tokens_per_s_hf_generate": med("tokens_per_s_hf_generate"),
         "speedup": statistics.median(r["tokens_per_s_histospec"] / r["tokens_per_s_plain"] for r in measured),
+        "speedup_cold": rows[0]["tokens_per_s_histospec"] / rows[0]["tokens_per_s_plain"],
+        "speedup_min": min(r["tokens_per_s_histospec"] / r["tokens_per_s_plain"] for r in rows),
         "cpu_tokens_per_s_histospec": med("cpu_tokens_per_s_histospec"),
         "cpu_tokens_per_s_plain": med("cpu_tokens_per_s_plain"),
         "cpu_tokens_per_s_hf_generate": med("cpu_tokens_per_s_hf_generate"),
@@ -332,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
             r["ms_per_forward_histospec"] / r["ms_per_forward_plain"] for r in measured if r["ms_per_forward_plain"]
         ),
         "mean_token_entropy": _mean_entropy(spec.model, token_ids, last_plain, args.group_size, args.temperature),
-        "batch": args.batch,
+        "batch": batch,
         "epochs_measured": len(measured),
         "requests_per_epoch": len(token_ids) * args.group_size,
         "max_new_tokens": args.max_new_tokens,
@@ -353,5 +357,47 @@ def run(args: argparse.Namespace) -> int:
     }
     if p and out["tokens_per_s_hf_generate"]:
         out["plain_vs_hf_generate"] = p / out["tokens_per_s_hf_generate"]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.epochs < 2:
+        raise SystemExit("--epochs must be >= 2 (epoch 0 only fills the history)")
+    try:
+        batches = [int(b) for b in str(args.batch).split(",")]
+    except ValueError:
+        raise SystemExit(f"--batch {args.batch!r}: give an int or a comma list of ints, e.g. 1,4,16") from None
+    if min(batches) < 1:
+        raise SystemExit(f"--batch {args.batch!r}: every batch size must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_label = args.model
+    if args.model is not None:
+        from sglang_histospec.models import resolve_model
+
+        args.model = resolve_model(args.model, progress=not args.json)
+    else:
+        from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
+
+        name = "quick" if args.quick_model else args.demo_model
+        args.model = str(build_or_load_demo_model(config=DEMO_MODELS[name], progress=not args.json))
+        model_label = f"demo model ({name} config): {args.model}"
+
+    from sglang_histospec.core import BudgetConfig
+
+    budget = None  # the engine's default
+    if args.budget_policy is not None or args.cost_limit is not None:
+        budget_kw = {"policy": args.budget_policy or "paper", "fixed": args.budget_fixed}
+        if args.cost_limit is not None:
+            budget_kw["cost_limit"] = args.cost_limit or None
+        budget = BudgetConfig(**budget_kw)
+
+    results = [_run_batch(args, batch, model_label, budget) for batch in batches]
+    out = results[0] if len(results) == 1 else {
+        "sweep": results,
+        "speedup_min": min(r["speedup_min"] for r in results),
+    }  # fmt: skip
     print(json.dumps(out) if args.json else json.dumps(out, indent=1))
     return 0

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from sglang_histospec.core.calibration import CalibrationConfig, DraftCalibration
 from sglang_histospec.core.reference import MAX_BUDGET, SOURCES, WEIGHT_ONE, ReferenceIndex
 from sglang_histospec.core.types import Draft
 
@@ -213,8 +214,10 @@ def make_index(cfg: DrafterConfig):
 class HistoSpecDrafter:
     """History-based tree drafter; see the module docstring for a worked example and ``docs/drafting.md``."""
 
-    def __init__(self, cfg: DrafterConfig | None = None) -> None:
+    def __init__(self, cfg: DrafterConfig | None = None, calibration: CalibrationConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else DrafterConfig()
+        self.calibration = DraftCalibration(calibration)
+        """Drafted probability -> expected acceptance, fed by whoever verifies the drafts (engine, replay, plugin)."""
         self._index = make_index(self.cfg)
         self.backend = "python" if isinstance(self._index, ReferenceIndex) else "native"
         self._lock = threading.RLock()

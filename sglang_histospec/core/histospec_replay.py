@@ -16,9 +16,11 @@ Example::
 
 from __future__ import annotations
 
+import numpy as np
+
 from sglang_histospec.core.budget import BudgetConfig, BudgetController
 from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.core.replay import BaseDrafter
+from sglang_histospec.core.replay import BaseDrafter, accept_path
 from sglang_histospec.core.types import Draft
 
 BUDGET_POLICIES = ("fixed", "paper", "released")
@@ -50,15 +52,50 @@ class HistoSpecReplayDrafter(BaseDrafter):
         bcfg = budget_config(budget_policy, cap)
         self.budgets = BudgetController(bcfg) if bcfg is not None else None
         self._depth: dict[str, int] = {}
+        self._last: dict[str, Draft] = {}  # the request's last draft, verified by the next extend
+        self._cal = {"nodes": 0, "accepted": 0, "raw": 0.0, "calibrated": 0.0, "brier_raw": 0.0, "brier_cal": 0.0}
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
         self.drafter.start(req_id, prompt_id, prompt)
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
+        d = self._last.pop(req_id, None)
+        if d is not None and len(d):
+            self._calibrate(d, accept_path(d, tokens, 0))
         self.drafter.extend(req_id, tokens)
+
+    def _calibrate(self, d: Draft, path: list[int]) -> None:
+        """Score the calibration's prediction for this verified draft, then teach it the outcome."""
+        cal = self.drafter.calibration
+        raw = np.asarray(d.probs, dtype=np.float64)
+        pred = cal.calibrate_draft(d)
+        hit = np.zeros(len(d), dtype=bool)
+        hit[path] = True
+        c = self._cal
+        c["nodes"] += len(d)
+        c["accepted"] += len(path)
+        c["raw"] += float(raw.sum())
+        c["calibrated"] += float(pred.sum())
+        c["brier_raw"] += float(((raw - hit) ** 2).sum())
+        c["brier_cal"] += float(((pred - hit) ** 2).sum())
+        cal.observe_draft(d, hit)
+
+    def calibration_report(self) -> dict:
+        """Drafted nodes, accepted, and the mean predicted acceptance and Brier score of the raw and the
+        calibrated (predicted before each outcome was learnt) path probabilities."""
+        c, n = self._cal, max(self._cal["nodes"], 1)
+        return {
+            "nodes": c["nodes"],
+            "accept_rate": round(c["accepted"] / n, 6),
+            "mean_raw": round(c["raw"] / n, 6),
+            "mean_calibrated": round(c["calibrated"] / n, 6),
+            "brier_raw": round(c["brier_raw"] / n, 6),
+            "brier_calibrated": round(c["brier_cal"] / n, 6),
+        }
 
     def draft(self, req_id: str, budget: int) -> Draft:
         d = self.drafter.draft(req_id, budget)
+        self._last[req_id] = d
         if self.budgets is not None:
             self._depth[req_id] = max(d.depths(), default=0)
         return d
@@ -71,6 +108,7 @@ class HistoSpecReplayDrafter(BaseDrafter):
             self.budgets.update(req_id, self._depth.pop(req_id, 0), accepted)
 
     def finish(self, req_id: str, response: list[int]) -> None:
+        self._last.pop(req_id, None)
         self.drafter.finish(req_id, response)
         if self.budgets is not None:
             self.budgets.remove(req_id)

@@ -110,23 +110,28 @@ class NoneDrafter(BaseDrafter):
     name = "none"
 
 
-def accept_length(draft: Draft, target: Sequence[int], start: int) -> int:
-    """Nodes accepted when the realized tokens from ``start`` on are ``target[start:]``.
+def accept_path(draft: Draft, target: Sequence[int], start: int) -> list[int]:
+    """Indices of the nodes accepted when the realized tokens from ``start`` on are ``target[start:]``.
 
     Walks from the root: among the children of the current node (in draft order) the first whose token equals
     the next realized token is accepted. One forward scan suffices because every parent precedes its children.
     Example: draft root->5->6, root->7 (``token_ids=[5, 7, 6], parents=[-1, -1, 0]``) against ``[5, 6, 9]``
-    accepts 2; against ``[7, 6]`` accepts 1.
+    accepts nodes ``[0, 2]``; against ``[7, 6]`` node ``[1]``.
     """
-    cur, a, n = ROOT, 0, len(target)
+    cur, path, n = ROOT, [], len(target)
     toks, parents = draft.token_ids, draft.parents
     for i in range(len(toks)):
-        if start + a >= n:
+        if start + len(path) >= n:
             break
-        if parents[i] == cur and toks[i] == target[start + a]:
+        if parents[i] == cur and toks[i] == target[start + len(path)]:
             cur = i
-            a += 1
-    return a
+            path.append(i)
+    return path
+
+
+def accept_length(draft: Draft, target: Sequence[int], start: int) -> int:
+    """Number of nodes ``accept_path`` accepts. Example: 2 for the first case of ``accept_path``."""
+    return len(accept_path(draft, target, start))
 
 
 @dataclass(slots=True)
@@ -187,6 +192,8 @@ class ReplayResult(AcceptanceRates):
     per_step: list[StepStats] = field(default_factory=list)
     accept_hist: list[int] = field(default_factory=list)
     """accept_hist[a] = verify steps that accepted a nodes."""
+    calibration: dict | None = None
+    """How well the drafter's probabilities predicted acceptance (drafters with ``calibration_report``)."""
 
     @property
     def oracle_tau(self) -> float | None:
@@ -211,6 +218,8 @@ class ReplayResult(AcceptanceRates):
             out["est_speedup"] = round(self.est_speedup, 6)
         out["wall_s"] = round(self.wall_s, 3)
         out["tokens_per_min"] = round(self.tokens / self.wall_s * 60) if self.wall_s > 0 else None
+        if self.calibration is not None:
+            out["calibration"] = self.calibration
         out["per_step"] = [asdict(s) for s in self.per_step]
         return out
 
@@ -376,4 +385,6 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
     if costs is not None and cost_sum > 0:
         res.est_speedup = res.tokens / cost_sum
     res.accept_hist = hist
+    report = getattr(drafter, "calibration_report", None)
+    res.calibration = report() if report is not None else None
     return res

@@ -6,15 +6,13 @@ one root row per request) takes about
     seconds = a + b * B + c * E
 
 (``a``: per-step overhead, ``b``: per request, its root row and host work, ``c``: per extra row: the forward's
-compute, nearly 0 on a GPU until it turns compute-bound, a few microseconds per row for a tiny model on a CPU). ``StepCostModel`` fits
-a, b, c online by exponentially weighted least squares over the steps an engine runs.
+compute, nearly 0 on a GPU until it turns compute-bound). ``StepCostModel`` fits a, b, c online by exponentially
+weighted least squares over the steps an engine runs (seeded by the engine's profile, ``engine/profile.py``).
 
 A draft node adds one row and, in expectation, as many accepted tokens as the probability that the target emits
-the whole path to it. The drafter estimates that probability from the history's frequencies (``Draft.probs``),
-but small samples make it overconfident: on the demo's GRPO model, nodes drafted at path probability 1.0 (a
-context seen once) were accepted 23 % of the time, nodes at 0.3 about 12 %. ``ProbCalibration`` maps the
-drafter's probability to the acceptance rate observed for it (per probability bin, exponentially decayed). With
-every draft node of a step sorted by calibrated probability ``p``, keeping the ``k`` most likely gives
+the whole path to it. The drafter's path probabilities (``Draft.probs``) are overconfident;
+``core/calibration.py`` maps them to the acceptance observed for them. With every draft node of a step sorted by
+calibrated probability ``p``, keeping the ``k`` most likely gives
 
     tokens(k) / seconds(k) = (B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k)),
 
@@ -69,7 +67,9 @@ class StepCostModel:
         self.cfg = cfg if cfg is not None else StepCostConfig()
         self._xx = np.zeros((3, 3))  # decayed sum of x x^T, x = (1, batch, rows - batch)
         self._xy = np.zeros(3)  # decayed sum of x * seconds
-        self._n = 0
+        self._n = 0.0  # observed steps (weighted)
+        self._since_fit = 0  # observations since the last refit
+        self._fitted = False  # refitted at least once since ready
         self._coef = np.zeros(3)
         self._stale = False
 
@@ -78,18 +78,22 @@ class StepCostModel:
         """True once ``min_steps`` steps were observed and the rows term could be fitted."""
         return self._n >= self.cfg.min_steps
 
-    def observe(self, batch: int, rows: int, seconds: float) -> None:
-        """Record one verify step: ``batch`` requests, ``rows`` query rows (>= batch), ``seconds`` of wall time."""
+    def observe(self, batch: int, rows: int, seconds: float, weight: float = 1.0) -> None:
+        """Record one verify step: ``batch`` requests, ``rows`` query rows (>= batch), ``seconds`` of wall time;
+        ``weight`` counts it as that many steps (a profiled step standing for several, see engine/profile.py)."""
         if not (isinstance(batch, int) and batch >= 1 and isinstance(rows, int) and rows >= batch):
             raise ValueError(f"batch={batch!r}, rows={rows!r}: expected ints with 1 <= batch <= rows")
         if not seconds >= 0.0:
             raise ValueError(f"seconds={seconds!r}: expected a float >= 0")
+        if not weight > 0.0:
+            raise ValueError(f"weight={weight!r}: expected a float > 0")
         x = np.array([1.0, float(batch), float(rows - batch)])
         d = self.cfg.decay
-        self._xx = d * self._xx + np.outer(x, x)
-        self._xy = d * self._xy + x * seconds
-        self._n += 1
-        self._stale = self._stale or self._n % self.cfg.refit_every == 0 or self._n == self.cfg.min_steps
+        self._xx = d * self._xx + weight * np.outer(x, x)
+        self._xy = d * self._xy + weight * x * seconds
+        self._n += weight
+        self._since_fit += 1
+        self._stale = self._stale or self._since_fit >= self.cfg.refit_every or not self._fitted
 
     def _fit(self) -> np.ndarray:
         if self._stale and self._n >= self.cfg.min_steps:
@@ -99,7 +103,7 @@ class StepCostModel:
             coef = np.linalg.solve(self._xx + ridge, self._xy)
             coef[2] = max(coef[2], 0.0)  # noise can make the row term negative: no row is free of cost
             self._coef = coef
-            self._stale = False
+            self._stale, self._since_fit, self._fitted = False, 0, True
         return self._coef
 
     def base_cost(self, batch: int) -> float:
@@ -133,88 +137,3 @@ def best_cut(
     gain = np.concatenate(([0.0], np.cumsum(probs_desc, dtype=np.float64)))
     cost = base_cost + row_cost * np.arange(len(gain), dtype=np.float64)
     return int(np.argmax((base_tokens + gain) / cost))
-
-
-BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999])
-"""Upper edges of the calibration bins of ``ProbCalibration`` (the last bin holds probability 1.0 alone)."""
-
-
-@dataclass(slots=True)
-class CalibrationConfig:
-    """Configuration of :class:`ProbCalibration`."""
-
-    decay: float = 0.98
-    """Weight of the past per observed step."""
-    prior_nodes: float = 4.0
-    """Pseudo-count per bin of the prior "calibrated = the bin's mean drafted probability" (no data: identity)."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"CalibrationConfig.decay={self.decay!r}: expected a float in (0, 1]")
-        if not self.prior_nodes > 0.0:
-            raise ValueError(f"CalibrationConfig.prior_nodes={self.prior_nodes!r}: expected a float > 0")
-
-
-class ProbCalibration:
-    """Drafted path probability -> observed acceptance rate, per probability bin (``BIN_EDGES``).
-
-    Example::
-
-        cal = ProbCalibration()
-        cal.observe(np.array([1.0, 1.0, 1.0, 1.0]), np.array([True, False, False, False]))
-        cal.calibrate(np.array([1.0]))   # (4 * 1.0 + 1) / (4 + 4) = 0.625: pulled towards the 25 % observed
-    """
-
-    def __init__(self, cfg: CalibrationConfig | None = None) -> None:
-        self.cfg = cfg if cfg is not None else CalibrationConfig()
-        bins = len(BIN_EDGES) + 1
-        self._nodes = np.zeros(bins)
-        self._accepted = np.zeros(bins)
-        self._prob_sum = np.zeros(bins)
-
-    @staticmethod
-    def _bins(probs: np.ndarray) -> np.ndarray:
-        return np.searchsorted(BIN_EDGES, probs, side="left")
-
-    def observe(
-        self,
-        probs: np.ndarray,  # [n] float drafted path probabilities of one step's verified draft nodes
-        accepted: np.ndarray,  # [n] bool whether each node was accepted
-    ) -> None:
-        """Record one verify step's draft nodes and their outcomes."""
-        if probs.shape != accepted.shape:
-            raise ValueError(f"probs {probs.shape} and accepted {accepted.shape}: pass one flag per node")
-        d = self.cfg.decay
-        self._nodes *= d
-        self._accepted *= d
-        self._prob_sum *= d
-        if len(probs):
-            b = self._bins(probs)
-            bins = len(self._nodes)
-            self._nodes += np.bincount(b, minlength=bins)
-            self._prob_sum += np.bincount(b, weights=probs, minlength=bins)
-            self._accepted += np.bincount(b[accepted], minlength=bins)
-
-    def calibrate(self, probs: np.ndarray) -> np.ndarray:  # [n] float -> [n] float in [0, 1]
-        """Expected acceptance of nodes drafted at these path probabilities."""
-        b = self._bins(probs)
-        prior = self.cfg.prior_nodes
-        n = self._nodes[b]
-        mean = np.where(n > 0, self._prob_sum[b] / np.maximum(n, 1e-12), probs)  # the bin's drafted probability
-        return (self._accepted[b] + prior * mean) / (n + prior)
-
-    def table(self) -> list[dict[str, float]]:
-        """One row per bin with data: upper edge, decayed node count, mean drafted and observed acceptance."""
-        rows = []
-        for i, n in enumerate(self._nodes):
-            if n > 0:
-                edge = float(BIN_EDGES[i]) if i < len(BIN_EDGES) else 1.0
-                rows.append(
-                    {
-                        "upper": edge,
-                        "nodes": float(n),
-                        "drafted": float(self._prob_sum[i] / n),
-                        "accepted": float(self._accepted[i] / n),
-                    }
-                )
-        return rows

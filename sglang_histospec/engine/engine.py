@@ -32,9 +32,11 @@ import numpy as np
 import torch
 
 from sglang_histospec.core import ROOT, Draft
-from sglang_histospec.core.stepcost import ProbCalibration, StepCostModel, best_cut
+from sglang_histospec.core.calibration import DraftCalibration
+from sglang_histospec.core.stepcost import StepCostModel, best_cut
 from sglang_histospec.engine.governor import SpecGovernor
 from sglang_histospec.engine.model import TreeForward, check_architecture
+from sglang_histospec.engine.profile import profile_verify
 from sglang_histospec.engine.sampling import process_logits, sample_rows
 from sglang_histospec.engine.treebatch import TreeBatch
 from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult
@@ -162,7 +164,8 @@ class Engine:
         self.budgets = budgets
         self._speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
         self.step_cost = StepCostModel()
-        self.calibration = ProbCalibration()
+        # the drafter's calibration when it has one (HistoSpecDrafter does), so replay and the plugin share it
+        self.calibration = getattr(self.drafter, "calibration", None) or DraftCalibration()
         self._pause = 0  # steps left without drafting: the last cut expected drafting to be slower than plain steps
         self._pause_len = 1  # length of the next pause (doubles while drafting keeps not paying)
         self._draft_s = 0.0  # decayed mean host time of a step's drafting work (seconds), saved by a paused step
@@ -173,6 +176,11 @@ class Engine:
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
         )
+        if self._cut:  # the cut's step model is fitted before the first drafting step (engine/profile.py)
+            points = profile_verify(self._fwd, self._cache, config.max_running_requests, config.num_draft_tokens)
+            weight = self.step_cost.cfg.min_steps / len(points)
+            for batch, rows, seconds in points:
+                self.step_cost.observe(batch, rows, seconds, weight=weight)
         self._waiting: collections.deque[GenerateRequest] = collections.deque()
         self._running: list[_Req] = []
         self._done: list[GenerateResult] = []  # finished outside step() (aborts of queued requests, generate())
@@ -464,7 +472,8 @@ class Engine:
     def _threshold(self, scores: np.ndarray, bsz: int, prefill: int) -> float:
         """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
         calibrated path probabilities of every request's draft nodes within its budget, for a step that also
-        carries ``prefill`` merged prefill tokens (0.0 keeps everything).
+        carries ``prefill`` merged prefill tokens (0.0 keeps everything; the best node is always kept, so that
+        the calibration keeps learning).
 
         When even the best cut is expected to emit fewer tokens per second than a step without any drafting work
         (the step's cost minus the measured drafting time), the next steps do not draft: 1, then 2, 4, ... up to
@@ -483,9 +492,8 @@ class Engine:
             self._stats["draft_pauses"] += self._pause > 0
         else:
             self._pause_len = 1
-        if k >= len(desc):
-            return 0.0
-        return float(desc[k - 1]) if k else float("inf")
+        k = max(k, 1)  # a drafting step verifies at least its best node: how else would the calibration learn
+        return 0.0 if k >= len(desc) else float(desc[k - 1])
 
     def _decode(self) -> None:
         started = time.perf_counter()
@@ -497,24 +505,21 @@ class Engine:
         # token: its prefill, merged into this pass), then the root, then the draft nodes. base = where the root goes.
         pre = np.array([len(st.tokens) - 1 - st.kv_len for st in running], dtype=np.int64)
         trees: list[tuple[list[int], list[int]] | None] = [None] * bsz  # None = the root alone
-        node_probs: list[float] = []  # drafted path probability of every draft row, in row order
+        verified: dict[int, tuple[Draft, list[int]]] = {}  # request -> its draft and the draft nodes kept
         if ask:
             got = self.drafter.draft_batch([running[i].req.rid for i in ask], [budgets[i] for i in ask])
             theta, scores = 0.0, [None] * len(got)
             if self._cut and self.step_cost.ready:
-                sizes = [min(len(d), budgets[i]) for i, d in zip(ask, got)]
-                flat = self.calibration.calibrate(
-                    np.fromiter((p for i, d in zip(ask, got) for p in d.probs[: budgets[i]]), dtype=np.float64)
-                )
-                theta = self._threshold(flat, bsz, int(pre.sum()))
+                parts = [self.calibration.calibrate_draft(d)[: budgets[i]] for i, d in zip(ask, got)]
+                theta = self._threshold(np.concatenate(parts), bsz, int(pre.sum()))
                 if theta > 0.0:
-                    scores = [part.tolist() for part in np.split(flat, np.cumsum(sizes)[:-1])]
+                    scores = [part.tolist() for part in parts]
             for i, d, sc in zip(ask, got, scores):
                 if len(d):
                     toks, pars, kept = _sanitize(d, budgets[i], self.vocab_size, theta, sc)
                     if len(toks) > 1:
                         trees[i] = (toks, pars)
-                        node_probs.extend(d.probs[j] for j in kept)
+                        verified[i] = (d, kept)
         tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
         if ask:
             self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
@@ -644,10 +649,8 @@ class Engine:
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)
             )
         if self._speculate:
-            if node_probs:  # which draft rows were accepted, for the calibration of drafted probabilities
-                visited = np.zeros(tb.num_rows, dtype=bool)
-                visited[[r for walk in outcomes for r in walk.rows[1:]]] = True  # rows[0] is the root
-                self.calibration.observe(np.asarray(node_probs), visited[tb.parent >= 0])  # draft rows, row order
+            for b, (d, kept) in verified.items():  # what was accepted calibrates the drafted probabilities
+                self._learn(d, kept, outcomes[b].accepted_nodes)
             if ask:  # steps that drafted: a paused step has no drafting work and would bias the fit
                 self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
             elif self._pause > 0:
@@ -655,6 +658,15 @@ class Engine:
                 self._stats["paused_steps"] += 1
             if self.governor is not None and not pre.any():  # measured tokens/s (a merged prefill would skew it)
                 self.governor.observe(bsz, bool(ask), step_emitted, time.perf_counter() - started)
+
+    def _learn(self, draft: Draft, kept: list[int], accepted_nodes: list[int]) -> None:
+        """Teach the calibration one verified draft: ``kept`` draft nodes became tree nodes 1.., of which
+        ``accepted_nodes`` were accepted."""
+        verified = np.zeros(len(draft), dtype=bool)
+        verified[kept] = True
+        accepted = np.zeros(len(draft), dtype=bool)
+        accepted[[kept[node - 1] for node in accepted_nodes]] = True
+        self.calibration.observe_draft(draft, accepted, verified)
 
     def _retire(self) -> list[GenerateResult]:
         """Remove finished requests from the running list (keeping slots contiguous) and build their results."""

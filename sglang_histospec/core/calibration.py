@@ -1,0 +1,177 @@
+"""Drafted path probability -> expected acceptance, learnt online from verify outcomes.
+
+The drafter's path probabilities are history frequencies; small samples make them overconfident (a context seen
+once drafts at probability 1.0), and how far depends on where a draft came from: a prompt's own history rhymes,
+a sibling in flight or the request's own text much less. ``DraftCalibration`` learns the *conditional*
+acceptance of a node given that its parent was accepted, from the drafter's conditional probability (the node's
+path probability over its parent's), per draft key (source x match-length class) and probability bin
+(``BIN_EDGES``); a node's expected acceptance is the product along its path, so what the first levels of the
+trees teach carries to the deep ones. Three shrinkage levels: the key's bin, pulled towards the bin over all
+keys, pulled towards ``prior_scale`` x the conditional probability (an unmeasured drafter is trusted little).
+
+The drafter owns one (``HistoSpecDrafter.calibration``), so the engine's cost cut and replay share it.
+
+Example::
+
+    cal = DraftCalibration(CalibrationConfig(prior_nodes=4.0, prior_scale=0.5))
+    d = Draft([5, 6], [-1, 0], [1.0, 1.0], match_len=3, source="history")
+    cal.calibrate_draft(d)                     # [0.5, 0.25]: no data yet, 0.5 per level
+    cal.observe_draft(d, [True, False])        # the first node was accepted, its child not
+    cal.calibrate_draft(d)                     # pulled towards the 50 % observed at conditional probability 1.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sglang_histospec.core.types import Draft
+
+BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999])
+"""Upper edges of the probability bins (the last bin holds probability 1.0 alone)."""
+KEY_SOURCES = ("history", "siblings", "self", "global", "mixed", "")
+"""Draft sources (``Draft.source``) with a calibration of their own; anything else counts as ``""``."""
+MATCH_EDGES = (1, 2, 4, 8)
+"""Match-length classes: 1, 2, 3-4, 5-8, longer."""
+NUM_KEYS = len(KEY_SOURCES) * (len(MATCH_EDGES) + 1)
+
+
+@dataclass(slots=True)
+class CalibrationConfig:
+    """Configuration of :class:`DraftCalibration`."""
+
+    half_life_nodes: float = 2000.0
+    """Observed draft nodes after which an observation weighs half (``math.inf``: never forget)."""
+    prior_nodes: float = 4.0
+    """Pseudo-count of each shrinkage level (a key's bin towards the pooled bin, that towards the prior)."""
+    prior_scale: float = 0.25
+    """With no data a node is expected to be accepted at this fraction of its drafted probability."""
+
+    def __post_init__(self) -> None:
+        if not self.half_life_nodes > 0.0:
+            raise ValueError(f"CalibrationConfig.half_life_nodes={self.half_life_nodes!r}: expected a float > 0")
+        if not self.prior_nodes > 0.0:
+            raise ValueError(f"CalibrationConfig.prior_nodes={self.prior_nodes!r}: expected a float > 0")
+        if not 0.0 < self.prior_scale <= 1.0:
+            raise ValueError(f"CalibrationConfig.prior_scale={self.prior_scale!r}: expected a float in (0, 1]")
+
+
+def draft_key(source: str, match_len: int) -> int:
+    """Index of a (source, match length) class in ``[0, NUM_KEYS)``. Example: ``draft_key("history", 1) == 0``."""
+    s = KEY_SOURCES.index(source) if source in KEY_SOURCES else len(KEY_SOURCES) - 1
+    return s * (len(MATCH_EDGES) + 1) + int(np.searchsorted(MATCH_EDGES, max(int(match_len), 1)))
+
+
+class DraftCalibration:
+    """Decayed acceptance counts per (draft key, probability bin); see the module docstring."""
+
+    def __init__(self, cfg: CalibrationConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else CalibrationConfig()
+        shape = (NUM_KEYS, len(BIN_EDGES) + 1)
+        self._nodes = np.zeros(shape)
+        self._accepted = np.zeros(shape)
+        self._prob_sum = np.zeros(shape)
+
+    @staticmethod
+    def bins(probs: np.ndarray) -> np.ndarray:  # [n] float -> [n] int64
+        return np.searchsorted(BIN_EDGES, probs, side="left")
+
+    def calibrate(
+        self,
+        cond: np.ndarray,  # [n] float conditional probabilities (node path probability / parent's)
+        keys: np.ndarray,  # [n] int draft key of each node (draft_key)
+    ) -> np.ndarray:  # [n] float expected conditional acceptance in [0, 1]
+        """Expected acceptance of nodes given their parents were accepted."""
+        b = self.bins(cond)
+        w = self.cfg.prior_nodes
+        n_all, acc_all, p_all = self._nodes.sum(0)[b], self._accepted.sum(0)[b], self._prob_sum.sum(0)[b]
+        mean = np.where(n_all > 0, p_all / np.maximum(n_all, 1e-12), cond)  # the bin's drafted probability
+        pooled = (acc_all + w * self.cfg.prior_scale * mean) / (n_all + w)
+        return (self._accepted[keys, b] + w * pooled) / (self._nodes[keys, b] + w)
+
+    def observe(
+        self,
+        cond: np.ndarray,  # [n] float conditional probabilities of nodes whose parent was accepted
+        keys: np.ndarray,  # [n] int their draft keys
+        accepted: np.ndarray,  # [n] bool whether each node was accepted
+    ) -> None:
+        """Record verified draft nodes (each with an accepted parent) and their outcomes."""
+        if not cond.shape == keys.shape == accepted.shape:
+            raise ValueError(f"cond {cond.shape}, keys {keys.shape}, accepted {accepted.shape}: one each per node")
+        if not len(cond):
+            return
+        keep = 0.5 ** (len(cond) / self.cfg.half_life_nodes) if math.isfinite(self.cfg.half_life_nodes) else 1.0
+        self._nodes *= keep
+        self._accepted *= keep
+        self._prob_sum *= keep
+        b = self.bins(cond)
+        np.add.at(self._nodes, (keys, b), 1.0)
+        np.add.at(self._prob_sum, (keys, b), cond)
+        np.add.at(self._accepted, (keys[accepted], b[accepted]), 1.0)
+
+    @staticmethod
+    def conditional(draft: Draft) -> tuple[np.ndarray, np.ndarray]:  # [n] float, [n] int64 parents
+        """Each node's path probability over its parent's (children of the root: their own) and the parents."""
+        probs = np.asarray(draft.probs, dtype=np.float64)
+        parents = np.asarray(draft.parents, dtype=np.int64)
+        above = np.where(parents >= 0, probs[np.maximum(parents, 0)], 1.0)
+        return np.minimum(probs / np.maximum(above, 1e-12), 1.0), parents
+
+    def calibrate_draft(self, draft: Draft) -> np.ndarray:  # [len(draft)] float
+        """Expected acceptance of every node of one draft: the product of calibrated conditionals on its path."""
+        cond, parents = self.conditional(draft)
+        q = self.calibrate(cond, np.full(len(cond), draft_key(draft.source, draft.match_len)))
+        for i, par in enumerate(parents.tolist()):  # BFS order: a parent's value is final before its children
+            if par >= 0:
+                q[i] *= q[par]
+        return q
+
+    def observe_draft(self, draft: Draft, accepted, verified=None) -> None:
+        """Learn from one verified draft: ``accepted`` [len(draft)] bool marks the accepted nodes; ``verified``
+        (default: all) the nodes that were verified (an engine's cut may drop some). A node teaches only when it
+        was verified and its parent is the root or accepted."""
+        acc = np.asarray(accepted, dtype=bool)
+        cond, parents = self.conditional(draft)
+        seen = np.ones(len(cond), dtype=bool) if verified is None else np.asarray(verified, dtype=bool)
+        seen &= (parents < 0) | acc[np.maximum(parents, 0)]
+        key = draft_key(draft.source, draft.match_len)
+        self.observe(cond[seen], np.full(int(seen.sum()), key), acc[seen])
+
+    def table(self) -> list[dict[str, float | str]]:
+        """One row per conditional-probability bin with data, pooled over keys: upper edge, decayed nodes, mean
+        drafted conditional probability and observed conditional acceptance."""
+        n, acc, ps = self._nodes.sum(0), self._accepted.sum(0), self._prob_sum.sum(0)
+        return [
+            {
+                "upper": float(BIN_EDGES[i]) if i < len(BIN_EDGES) else 1.0,
+                "nodes": float(n[i]),
+                "drafted": float(ps[i] / n[i]),
+                "accepted": float(acc[i] / n[i]),
+            }
+            for i in range(len(n))
+            if n[i] > 0
+        ]
+
+    def by_source(self) -> dict[str, dict[str, float]]:
+        """Decayed nodes and observed acceptance per draft source with data."""
+        per = len(MATCH_EDGES) + 1
+        out = {}
+        for s, name in enumerate(KEY_SOURCES):
+            n = float(self._nodes[s * per : (s + 1) * per].sum())
+            if n > 0:
+                acc = float(self._accepted[s * per : (s + 1) * per].sum())
+                out[name or "none"] = {"nodes": n, "accepted": acc / n}
+        return out
+
+
+__all__ = [
+    "BIN_EDGES",
+    "KEY_SOURCES",
+    "MATCH_EDGES",
+    "NUM_KEYS",
+    "CalibrationConfig",
+    "DraftCalibration",
+    "draft_key",
+]
