@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.stepcost import (
+from sglang_histospec.drafting.draft_cut import (
     BIN_EDGES,
     CalibrationConfig,
     ProbCalibration,

@@ -1,6 +1,6 @@
 import pytest
 
-from sglang_histospec.core import ROOT, Draft
+from sglang_histospec.drafting import ROOT, Draft
 
 
 @pytest.mark.parametrize(

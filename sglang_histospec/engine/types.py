@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the core drafter types; imported lazily by the engine
-    from sglang_histospec.core import BudgetConfig, DrafterConfig
+    from sglang_histospec.drafting import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.governor import GovernorConfig
 
 SPECULATIVE_ALGORITHMS = ("HISTOSPEC", "NONE")

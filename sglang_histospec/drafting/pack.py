@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.core.types import ROOT, Draft
+from sglang_histospec.drafting.types import ROOT, Draft
 
 PAD_TOKEN = 0
 """Token of padding nodes; each padding node is a child of node 0 and sees only node 0 and itself."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sglang_histospec.core.types import ROOT
+from sglang_histospec.drafting.types import ROOT
 
 WEIGHT_ONE = 65536
 """Integer weight of one response at age 0 without reward bonus (``docs/drafting.md`` section 1)."""

@@ -5,7 +5,7 @@ It drives the backend interface of ``docs/drafting.md`` section 9 directly (``se
 
 Example::
 
-    >>> from sglang_histospec.core.bench_index import IndexBenchConfig, run_index_bench
+    >>> from sglang_histospec.drafting.index_bench import IndexBenchConfig, run_index_bench
     >>> r = run_index_bench(IndexBenchConfig(prompts=2, responses=4, length=64, steps=4), backend="python")
     >>> r["history_tokens_per_prompt"], r["batch"]
     (272, 2)
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.core.reference import WEIGHT_ONE, ReferenceIndex
+from sglang_histospec.drafting.reference import WEIGHT_ONE, ReferenceIndex
 
 PROMPT_LEN = 16
 """Prompt length of every synthetic prompt."""
@@ -71,7 +71,7 @@ def _make_backend(cfg: IndexBenchConfig, backend: str):
     )
     if backend == "python":
         return ReferenceIndex(**kwargs)
-    from sglang_histospec.core.native import NativeIndex
+    from sglang_histospec.drafting.native import NativeIndex
 
     return NativeIndex(**kwargs)
 

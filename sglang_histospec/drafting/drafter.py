@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from sglang_histospec.core.reference import MAX_BUDGET, SOURCES, WEIGHT_ONE, ReferenceIndex
-from sglang_histospec.core.types import Draft
+from sglang_histospec.drafting.reference import MAX_BUDGET, SOURCES, WEIGHT_ONE, ReferenceIndex
+from sglang_histospec.drafting.types import Draft
 
 MAX_TOKEN = 2**31
 """Token ids must lie in [0, MAX_TOKEN)."""
@@ -198,7 +198,7 @@ def make_index(cfg: DrafterConfig):
     )
     if cfg.backend in ("auto", "native"):
         try:
-            from sglang_histospec.core.native import NativeIndex
+            from sglang_histospec.drafting.native import NativeIndex
         except (ImportError, AttributeError) as exc:
             if cfg.backend == "native":
                 raise ValueError(
@@ -493,7 +493,7 @@ class HistoSpecDrafter:
     def snapshot(self, path, extra: dict | None = None) -> None:
         """Write the history (not the running requests) to ``path``: versioned, checksummed, atomic. ``extra``: a
         small JSON dict stored with it (``read_snapshot(path)["extra"]``)."""
-        from sglang_histospec.core.snapshot import write_snapshot
+        from sglang_histospec.drafting.snapshot import write_snapshot
 
         with self._lock:
             write_snapshot(path, {**self._export(), "extra": extra or {}})
@@ -501,7 +501,7 @@ class HistoSpecDrafter:
     @classmethod
     def load(cls, path, cfg: DrafterConfig | None = None) -> HistoSpecDrafter:
         """A new drafter holding the history of a snapshot; ValueError if the file is corrupt or truncated."""
-        from sglang_histospec.core.snapshot import read_snapshot
+        from sglang_histospec.drafting.snapshot import read_snapshot
 
         return cls.from_state(read_snapshot(path), cfg)  # fully parsed and verified before anything is built
 

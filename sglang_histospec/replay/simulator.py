@@ -19,7 +19,7 @@ every drafter restricted to those sources from above); ``draft_us_p50/p99``: wal
 
 Example (``NoneDrafter`` never drafts, so every verify step emits exactly one token)::
 
-    >>> from sglang_histospec.core.trace import TraceRecord, TraceStep
+    >>> from sglang_histospec.trace.format import TraceRecord, TraceStep
     >>> steps = [TraceStep(0, [TraceRecord(0, "p", 0, [1], [2, 3, 4])])]
     >>> r = replay(steps, NoneDrafter(), ReplayConfig(budget=4))
     >>> r.tau, r.verify_steps, r.oracle_tau
@@ -36,10 +36,10 @@ from typing import Protocol
 
 import numpy as np
 
-from sglang_histospec.core.kgrams import KeySet, kgram_keys, leading_true, self_occurs
-from sglang_histospec.core.trace import TraceRecord, TraceStep
-from sglang_histospec.core.types import ROOT, AcceptanceRates, Draft
-from sglang_histospec.core.verifycost import VerifyCostTable
+from sglang_histospec.drafting.types import ROOT, AcceptanceRates, Draft
+from sglang_histospec.drafting.verify_cost import VerifyCostTable
+from sglang_histospec.trace.format import TraceRecord, TraceStep
+from sglang_histospec.trace.kgrams import KeySet, kgram_keys, leading_true, self_occurs
 
 SOURCES = ("history", "siblings", "self", "global")
 """Draft sources a drafter may declare (the oracle uses the same ones)."""

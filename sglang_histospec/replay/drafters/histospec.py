@@ -16,10 +16,10 @@ Example::
 
 from __future__ import annotations
 
-from sglang_histospec.core.budget import BudgetConfig, BudgetController
-from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.core.replay import BaseDrafter
-from sglang_histospec.core.types import Draft
+from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
+from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.types import Draft
+from sglang_histospec.replay.simulator import BaseDrafter
 
 BUDGET_POLICIES = ("fixed", "paper", "released")
 

@@ -1,0 +1,26 @@
+"""History drafting: the per-prompt history index (native and reference), the drafter, budgets, the cost-aware
+cut, snapshots and the shared draft types. Pure: imports no engine, server, SGLang or TRL.
+"""
+
+from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
+from sglang_histospec.drafting.draft_cut import ProbCalibration, StepCostModel, best_cut
+from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.pack import PackedDraft, pack_draft
+from sglang_histospec.drafting.types import ROOT, AcceptanceRates, Draft
+from sglang_histospec.drafting.verify_cost import VerifyCostTable
+
+__all__ = [
+    "ROOT",
+    "AcceptanceRates",
+    "BudgetConfig",
+    "BudgetController",
+    "Draft",
+    "DrafterConfig",
+    "HistoSpecDrafter",
+    "PackedDraft",
+    "ProbCalibration",
+    "StepCostModel",
+    "VerifyCostTable",
+    "best_cut",
+    "pack_draft",
+]
