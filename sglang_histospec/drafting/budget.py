@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sglang_histospec.drafting.reference import MAX_BUDGET
+from sglang_histospec.drafting.types import MAX_BUDGET
 
 POLICIES = ("paper", "released", "fixed")
 

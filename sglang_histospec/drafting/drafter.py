@@ -24,11 +24,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from sglang_histospec.drafting.reference import MAX_BUDGET, SOURCES, WEIGHT_ONE, ReferenceIndex
-from sglang_histospec.drafting.types import Draft
+from sglang_histospec.drafting.reference import ReferenceIndex
+from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, SOURCES, WEIGHT_ONE, Draft
 
-MAX_TOKEN = 2**31
-"""Token ids must lie in [0, MAX_TOKEN)."""
 _WEIGHT_SUM_LIMIT = 2**53
 """Weight sums must stay exactly representable as doubles (docs/drafting.md section 3.1)."""
 
@@ -143,13 +141,13 @@ def _check_tokens(tokens, what: str) -> list[int]:
     if isinstance(tokens, np.ndarray):
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"{what}: expected a 1-D integer array, got dtype {tokens.dtype} ndim {tokens.ndim}")
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= MAX_TOKEN):
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= MAX_TOKEN_ID):
             raise ValueError(f"{what}: token ids must lie in [0, 2**31), got min {tokens.min()} max {tokens.max()}")
         return [int(t) for t in tokens]
     if not isinstance(tokens, (list, tuple)):
         raise ValueError(f"{what}: expected a list of token ids, got {type(tokens).__name__}")
     for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not (0 <= t < MAX_TOKEN):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not (0 <= t < MAX_TOKEN_ID):
             raise ValueError(f"{what}: token id {t!r} is not an int in [0, 2**31)")
     return [int(t) for t in tokens]
 
@@ -182,7 +180,7 @@ def visit_weights(rewards: list[float] | None, n: int, age: int, cfg: DrafterCon
     for i in range(n):
         norm = (rewards[i] - lo) / (hi - lo) if rewards and hi > lo else 0.0
         mult = 1.0 + cfg.reward_weight * norm
-        out.append(max(1, math.floor(decay * mult * 65536.0 + 0.5)))
+        out.append(max(1, math.floor(decay * mult * float(WEIGHT_ONE) + 0.5)))
     return out
 
 

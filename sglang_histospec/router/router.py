@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from sglang_histospec.drafting.types import tau
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
 from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
 from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig
@@ -627,7 +628,7 @@ class Router:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     history[k] = history.get(k, 0) + v
         if "generated_tokens" in total:
-            total["tau"] = total["generated_tokens"] / total["verify_steps"] if total.get("verify_steps") else 1.0
+            total["tau"] = tau(total["generated_tokens"], total.get("verify_steps", 0))
         return {**total, "history": history, "per_backend": per_backend, "router": self.stats()}
 
     def metrics_text(self) -> str:
