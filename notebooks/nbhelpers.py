@@ -3,7 +3,7 @@
 Every notebook calls :func:`settings` in its parameter cell and :func:`resolve_trace` right after. A trace comes
 from, in this order: the notebook's ``TRACE`` parameter (or ``$HISTOSPEC_NB_TRACE``), the trace of the last
 ``histospec demo`` run (:func:`demo_trace`), or a small synthetic trace written by the project's generator
-(``sglang_histospec.core.synth``), which is labelled SYNTHETIC wherever it is shown.
+(``sglang_histospec.trace.synth``), which is labelled SYNTHETIC wherever it is shown.
 
 Example::
 
@@ -66,7 +66,7 @@ def demo_trace(demo_dir: str | os.PathLike) -> Path | None:
 def synthetic_config(small: bool, **overrides):  # noqa: ANN201 (SynthConfig; imported lazily)
     """The generator settings of the fallback trace (long-tailed lengths, 3 epochs; about 32k response tokens,
     small: 11k); ``overrides`` are ``SynthConfig`` fields (e.g. more prompts per step for HistoPipe)."""
-    from sglang_histospec.core.synth import SynthConfig
+    from sglang_histospec.trace.synth import SynthConfig
 
     if small:
         base = dict(prompts=12, group_size=4, epochs=3, mean_len=48, vocab=1000, prompt_len=16, seed=0)
@@ -90,7 +90,7 @@ def resolve_trace(
     found = demo_trace(demo_dir if demo_dir is not None else settings().demo_dir)
     if found is not None:
         return str(found), f"demo trace {found}"
-    from sglang_histospec.core.synth import write_synthetic
+    from sglang_histospec.trace.synth import write_synthetic
 
     cfg = synthetic_config(small, **synth_overrides)
     path = Path(tempfile.mkdtemp(prefix="histospec-nb-")) / "synthetic.jsonl.gz"
@@ -98,7 +98,7 @@ def resolve_trace(
     return str(path), (
         f"{SYNTHETIC} trace ({cfg.prompts} prompts x {cfg.group_size} samples x {cfg.epochs} epochs"
         f"{f' x {cfg.steps_per_epoch} steps' if cfg.steps_per_epoch > 1 else ''}, "
-        "core/synth.py; not a real run)"
+        "trace/synth.py; not a real run)"
     )
 
 

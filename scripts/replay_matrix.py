@@ -38,9 +38,9 @@ def _overrides(text: str | None) -> dict:
 
 def cell(trace: str, drafter: str, budget: int, hs: dict) -> dict:
     """One replay, as ``histospec replay --json`` reports it."""
-    from sglang_histospec.core.replay import ReplayConfig, replay
-    from sglang_histospec.core.trace import load_steps
-    from sglang_histospec.replay_drafters import build_drafter
+    from sglang_histospec.replay.drafters.registry import build_drafter
+    from sglang_histospec.replay.simulator import ReplayConfig, replay
+    from sglang_histospec.trace.format import load_steps
 
     steps, _ = load_steps(trace)
     ours = drafter == "histospec"

@@ -1,8 +1,13 @@
 """sglang-histospec: RhymeRL's HistoSpec (history-based speculative decoding) and HistoPipe (history-driven
 rollout balancing) for LLM reinforcement learning.
 
-Layers (imports point down only): ``core`` (pure) <- ``engine``, ``plugin`` <- ``server``, ``router``, ``cli``
-<- ``trl_integration``, ``notebooks``.
+Layers (imports point down only; docs/architecture.md): ``drafting``, ``pipe``, ``trace`` (pure) <- ``replay``,
+``models``, ``engine``, ``plugin`` <- ``server``, ``router`` <- ``trl_integration`` <- ``demo``, ``commands``,
+``cli``, notebooks.
 """
 
+from sglang_histospec import _moved
+
 __version__ = "0.1.0"
+
+_moved.install()

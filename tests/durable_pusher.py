@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 import sys
 
-from sglang_histospec.core.drafter import DrafterConfig
-from sglang_histospec.core.history_log import DurableHistory
+from sglang_histospec.drafting.drafter import DrafterConfig
+from sglang_histospec.server.history_log import DurableHistory
 
 
 def main(directory: str, seed: int) -> None:

@@ -11,7 +11,7 @@ import contextlib
 
 import numpy as np
 
-from sglang_histospec.core import ROOT, Draft
+from sglang_histospec.drafting import ROOT, Draft
 
 
 class ScriptedDrafter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_histospec.core import BudgetConfig, BudgetController
+from sglang_histospec.drafting import BudgetConfig, BudgetController
 
 # (config, [(drafted, accepted), ...], budgets after each update)
 POLICY_TABLE = [

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.calibration import (
+from sglang_histospec.drafting.calibration import (
     BIN_EDGES,
     KEY_SOURCES,
     MATCH_EDGES,
@@ -18,7 +18,7 @@ from sglang_histospec.core.calibration import (
     DraftCalibration,
     draft_key,
 )
-from sglang_histospec.core.types import Draft
+from sglang_histospec.drafting.types import Draft
 
 
 class RefCalibration:

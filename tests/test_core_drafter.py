@@ -7,9 +7,9 @@ import threading
 import numpy as np
 import pytest
 
-from sglang_histospec.core import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.core.drafter import visit_weights
-from sglang_histospec.core.snapshot import FORMAT_VERSION, MAGIC
+from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.drafter import visit_weights
+from sglang_histospec.drafting.snapshot import FORMAT_VERSION, MAGIC
 
 
 def drafter(**kw) -> HistoSpecDrafter:
@@ -256,7 +256,7 @@ def test_concurrent_add_and_draft():
     ],
 )
 def test_snapshot_bad_structure_refused(tmp_path, state, message):
-    from sglang_histospec.core.snapshot import write_snapshot
+    from sglang_histospec.drafting.snapshot import write_snapshot
 
     write_snapshot(tmp_path / "s.snap", {"open_step": 0, "recorded": [], "global": [], **state})
     with pytest.raises(ValueError, match=f"corrupt structure.*{message}"):

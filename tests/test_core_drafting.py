@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_histospec.core import Draft, DrafterConfig, HistoSpecDrafter
-from sglang_histospec.core.reference import merge_drafts
+from sglang_histospec.drafting import Draft, DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.reference import merge_drafts
 
 try:
-    from sglang_histospec.core.native import NativeIndex  # noqa: F401
+    from sglang_histospec.drafting.native import NativeIndex  # noqa: F401
 
     BACKENDS = ["python", "native"]
 except (ImportError, AttributeError):

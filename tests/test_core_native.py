@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_histospec.core import _native
-from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.core.native import NativeIndex
-from sglang_histospec.core.reference import SOURCES, WEIGHT_ONE, ReferenceIndex
+from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.native import NativeIndex
+from sglang_histospec.drafting.reference import SOURCES, WEIGHT_ONE, ReferenceIndex
 
 VOCAB = 4
 PROMPTS = ("p0", "p1", "p2")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_histospec.core import ROOT, Draft, pack_draft
+from sglang_histospec.drafting import ROOT, Draft, pack_draft
 
 TREE = Draft([5, 7, 6], [ROOT, ROOT, 0], [0.6, 0.4, 0.6])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 
 tokens = st.lists(st.integers(0, 4), min_size=0, max_size=12)
 histories = st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=12), min_size=1, max_size=5)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.stepcost import StepCostConfig, StepCostModel, best_cut
+from sglang_histospec.drafting.draft_cut import StepCostConfig, StepCostModel, best_cut
 
 
 def _best_ratio(probs_desc, base_tokens, base_cost, row_cost):

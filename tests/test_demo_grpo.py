@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("trl")
 
-from sglang_histospec.core.trace import load_steps  # noqa: E402
 from sglang_histospec.demo import model as demo_model  # noqa: E402
 from sglang_histospec.demo.grpo import GRPORunConfig, run_grpo, trainer_available  # noqa: E402
 from sglang_histospec.demo.task import ArithTask  # noqa: E402
+from sglang_histospec.trace.format import load_steps  # noqa: E402
 from tests.demo_tools import TINY  # noqa: E402
 
 pytestmark = pytest.mark.slow

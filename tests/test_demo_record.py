@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_histospec.core.trace import read_trace
 from sglang_histospec.demo.record import RecordConfig, grpo_rows, record_trace, token_logprobs, trainable_params
+from sglang_histospec.trace.format import read_trace
 from tests.tiny import make_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

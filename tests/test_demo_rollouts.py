@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from sglang_histospec.core.trace import load_steps
 from sglang_histospec.demo import model as demo_model
 from sglang_histospec.demo.rollouts import RolloutConfig, request_seed, sample_epochs
 from sglang_histospec.demo.task import ArithTask
+from sglang_histospec.trace.format import load_steps
 from tests.demo_tools import TINY
 
 

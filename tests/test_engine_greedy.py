@@ -165,7 +165,7 @@ def test_histospec_equals_plain_with_history_drafter(model_dirs, arch, selection
 
 
 def _run_with_cut(model_dirs, ps, selection, row_cost):
-    from sglang_histospec.core.stepcost import StepCostModel
+    from sglang_histospec.drafting.draft_cut import StepCostModel
 
     refs = {f"p{i}": r.output_ids for i, r in enumerate(plain_outputs(model_dirs["llama"], ps))}
     drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=2, wrong_first=False)

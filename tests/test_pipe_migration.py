@@ -1,4 +1,4 @@
-"""Outlier migration: the pure rule (core/migration.py) and the router end to end, against fake servers that
+"""Outlier migration: the pure rule (pipe/migration.py) and the router end to end, against fake servers that
 stall a request and against real torch-engine servers (the migrated answer equals the unmigrated one)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from sglang_histospec.core.lengths import LengthEstimate
-from sglang_histospec.core.migration import InFlight, decode_rate, pick_migrations
-from sglang_histospec.core.planner import PlannerConfig
+from sglang_histospec.pipe.lengths import LengthEstimate
+from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
+from sglang_histospec.pipe.planner import PlannerConfig
 from sglang_histospec.router.router import Router, RouterConfig, RouterError
 from sglang_histospec.server.launch import free_port
 from tests.server_harness import ServerThread, shared_tiny_model_dir
@@ -225,7 +225,7 @@ def test_run_step_item_params_merge_per_request(stall_servers):
 
 
 def test_router_keeps_at_most_max_running_in_flight_per_backend_in_plan_order(stall_servers):
-    from sglang_histospec.core.costmodel import CostModel, CostModelConfig
+    from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 
     router = Router(RouterConfig(backends=[stall_servers[0].url]), CostModel(CostModelConfig(max_running=2)))
     router.start()

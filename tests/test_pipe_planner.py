@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.costmodel import CostModel, CostModelConfig
-from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
-from sglang_histospec.core.planner import POLICIES, Group, Planner, PlannerConfig, in_tail, is_outlier, plan
-from sglang_histospec.core.workersim import WorkerSim
+from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
+from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig, in_tail, is_outlier, plan
+from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
+from sglang_histospec.pipe.worker_sim import WorkerSim
 
 UNIT = CostModelConfig(iteration_s=1.0, per_request_s=0.0, per_context_token_s=0.0, prefill_token_s=0.0)
 

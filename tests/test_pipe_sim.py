@@ -7,12 +7,12 @@ from functools import cache
 
 import pytest
 
-from sglang_histospec.core.costmodel import CostModel, CostModelConfig
-from sglang_histospec.core.lengths import LengthPredictor
-from sglang_histospec.core.pipesim import PipeSimConfig, PipeSimulator, StepWork, workload_from_trace
-from sglang_histospec.core.planner import POLICIES, Group, PlannerConfig
-from sglang_histospec.core.synth import SynthConfig, generate
-from sglang_histospec.core.trace import TraceStep
+from sglang_histospec.pipe.lengths import LengthPredictor
+from sglang_histospec.pipe.planner import POLICIES, Group, PlannerConfig
+from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator, StepWork, workload_from_trace
+from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
+from sglang_histospec.trace.format import TraceStep
+from sglang_histospec.trace.synth import SynthConfig, generate
 
 UNIT = CostModelConfig(iteration_s=1.0, per_request_s=0.0, per_context_token_s=0.0, prefill_token_s=0.0)
 # Attention over long contexts costs: a worker crowded with long requests is slower than one running a few.
@@ -182,7 +182,7 @@ def test_step_work_rejects_bad_lengths() -> None:
 
 def test_cli_pipe_simulate_json(tmp_path, capsys) -> None:  # noqa: ANN001
     from sglang_histospec.cli import main
-    from sglang_histospec.core.synth import write_synthetic
+    from sglang_histospec.trace.synth import write_synthetic
 
     trace = tmp_path / "t.jsonl.gz"
     write_synthetic(str(trace), SynthConfig(prompts=12, group_size=4, epochs=2, mean_len=24, vocab=200, seed=3))
@@ -207,19 +207,19 @@ def test_cli_bench_pipe_json(capsys) -> None:  # noqa: ANN001
     assert "histopipe_sync_idle" in out["summary"]["2"]
 
 
-# ---- measured timelines (core/timeline.py) -------------------------------------------------------------------
+# ---- measured timelines (pipe/timeline.py) -------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("intervals", "length"),
     [([], 0.0), ([(0, 2), (1, 3), (5, 6)], 4.0), ([(0, 5), (1, 2)], 5.0), ([(1, 1)], 0.0), ([(2, 3), (0, 1)], 2.0)],
 )
 def test_busy_length_is_the_union(intervals, length):
-    from sglang_histospec.core.timeline import busy_length
+    from sglang_histospec.pipe.timeline import busy_length
 
     assert busy_length(intervals) == length
 
 
 def test_measure_step_example_and_validation():
-    from sglang_histospec.core.timeline import StepTimes, measure_step
+    from sglang_histospec.pipe.timeline import StepTimes, measure_step
 
     got = measure_step({0: [(0.0, 4.0), (1.0, 2.0)], 1: [(0.0, 1.0), (3.0, 4.0)]}, workers=2)
     assert got == StepTimes(0.0, 4.0, 4.0, 6.0, 2.0)
@@ -255,7 +255,7 @@ def test_cli_bench_pipe_servers_refuses_bad_flags(capsys) -> None:  # noqa: ANN0
 def test_cli_bench_pipe_servers_end_to_end(tmp_path, capsys) -> None:  # noqa: ANN001
     """Two real servers (tiny model), two short steps: every figure present, measured and simulated."""
     from sglang_histospec.cli import main
-    from sglang_histospec.core.synth import write_synthetic
+    from sglang_histospec.trace.synth import write_synthetic
     from tests.tiny import make_tiny_model_dir
 
     model = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=64, seed=0)

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from sglang_histospec import cli
-from sglang_histospec.core import history_log
-from sglang_histospec.core.drafter import DrafterConfig
-from sglang_histospec.core.history_log import DurableHistory
+from sglang_histospec.drafting.drafter import DrafterConfig
+from sglang_histospec.server import history_log
+from sglang_histospec.server.history_log import DurableHistory
 from tests.server_harness import ServerThread, shared_tiny_model_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

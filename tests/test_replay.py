@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_histospec.core.kgrams import KeySet, kgram_keys, prefix_match, self_occurs
-from sglang_histospec.core.prompt_lookup import PromptLookupDrafter
-from sglang_histospec.core.replay import (
+from sglang_histospec.drafting.types import ROOT, Draft
+from sglang_histospec.drafting.verify_cost import VerifyCostTable
+from sglang_histospec.replay.drafters.prompt_lookup import PromptLookupDrafter
+from sglang_histospec.replay.simulator import (
     BaseDrafter,
     NoneDrafter,
     ReplayConfig,
@@ -15,9 +16,8 @@ from sglang_histospec.core.replay import (
     replay,
     sibling_order,
 )
-from sglang_histospec.core.trace import TraceRecord, TraceStep
-from sglang_histospec.core.types import ROOT, Draft
-from sglang_histospec.core.verifycost import VerifyCostTable
+from sglang_histospec.trace.format import TraceRecord, TraceStep
+from sglang_histospec.trace.kgrams import KeySet, kgram_keys, prefix_match, self_occurs
 
 
 def chain(tokens):

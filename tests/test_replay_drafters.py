@@ -9,11 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core.replay import ReplayConfig, replay
-from sglang_histospec.core.synth import SynthConfig, generate
-from sglang_histospec.core.trace import TraceRecord, TraceStep
-from sglang_histospec.peers import PeerUnavailable
-from sglang_histospec.replay_drafters import build_drafter
+from sglang_histospec.replay.drafters.registry import PeerUnavailable, build_drafter
+from sglang_histospec.replay.simulator import ReplayConfig, replay
+from sglang_histospec.trace.format import TraceRecord, TraceStep
+from sglang_histospec.trace.synth import SynthConfig, generate
 
 
 def steps_of(records):

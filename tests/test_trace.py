@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from sglang_histospec.core.synth import SynthConfig, generate, write_synthetic
-from sglang_histospec.core.trace import TraceError, TraceRecord, iter_steps, load_steps, read_trace, write_trace
+from sglang_histospec.trace.format import TraceError, TraceRecord, iter_steps, load_steps, read_trace, write_trace
+from sglang_histospec.trace.synth import SynthConfig, generate, write_synthetic
 
 GOOD = {"step": 0, "prompt_id": "p", "sample": 0, "prompt": [1, 2], "response": [3, 4]}
 
@@ -117,7 +117,7 @@ def test_synth_shape_and_determinism(tmp_path):
 
 def test_synth_drift_controls_similarity():
     """No drift and no sample noise: every epoch repeats the previous one's responses as a prefix-stable set."""
-    from sglang_histospec.core.kgrams import KeySet, prefix_match
+    from sglang_histospec.trace.kgrams import KeySet, prefix_match
 
     def reuse(drift):
         cfg = SynthConfig(prompts=8, group_size=2, epochs=2, mean_len=60, vocab=5000, drift=drift, seed=0)

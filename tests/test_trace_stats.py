@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang_histospec.core.trace import TraceRecord
-from sglang_histospec.core.trace_stats import average_ranks, kendall, rank_moved_share, spearman, trace_stats
+from sglang_histospec.trace.format import TraceRecord
+from sglang_histospec.trace.stats import average_ranks, kendall, rank_moved_share, spearman, trace_stats
 
 
 def rec(step, pid, resp, sample=0, epoch=None):

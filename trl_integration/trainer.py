@@ -34,6 +34,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from sglang_histospec.drafting.types import tau
 from trl_integration.config import HistoSpecGRPOConfig
 from trl_integration.generation import GenerationRecord, HistoSpecGeneration, sampling_from_trainer
 from trl_integration.prompt_ids import resolve_prompt_ids
@@ -164,7 +165,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
                 )
         total = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, 4).sum(dim=0).tolist()
         tokens, verify, drafted, accepted = total
-        self._metrics[mode]["histospec/tau"].append(tokens / verify if verify else 1.0)
+        self._metrics[mode]["histospec/tau"].append(tau(tokens, verify))
         self._metrics[mode]["histospec/accept_rate"].append(accepted / drafted if drafted else 0.0)
         self._metrics[mode]["histospec/drafted_tokens"].append(drafted)
         self._metrics[mode]["histospec/accepted_tokens"].append(accepted)

@@ -385,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
         args.model = str(build_or_load_demo_model(config=DEMO_MODELS[name], progress=not args.json))
         model_label = f"demo model ({name} config): {args.model}"
 
-    from sglang_histospec.core import BudgetConfig
+    from sglang_histospec.drafting import BudgetConfig
 
     budget = None  # the engine's default
     if args.budget_policy is not None or args.cost_limit is not None:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from sglang_histospec.core.bench_index import IndexBenchConfig, run_index_bench
+    from sglang_histospec.drafting.index_bench import IndexBenchConfig, run_index_bench
 
     for name in ("prompts", "responses", "length", "steps", "vocab"):
         if getattr(args, name) < 1:

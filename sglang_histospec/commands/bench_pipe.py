@@ -5,7 +5,7 @@ Example: ``histospec bench pipe --workers 8,32 --json`` simulates a long-tailed 
 (the same trace for every W) and prints, per worker count, mode and policy: makespan, lower bound, gap to the
 bound, idle fraction, tail share and moved requests. The last stdout line (``--json``) holds them all under
 ``results`` and a ``summary`` per worker count. ``histopipe-oracle`` plans with the realized lengths: the
-distance from it to ``histopipe`` is the cost of prediction error, from it to the bound the bound's slack. Overlap runs are one step off-policy (core/pipesim.py).
+distance from it to ``histopipe`` is the cost of prediction error, from it to the bound the bound's slack. Overlap runs are one step off-policy (pipe/simulator.py).
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ HELP = "HistoPipe policies side by side (sync and one-step overlap) on long-tail
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.commands.pipe_simulate import add_model_arguments
-    from sglang_histospec.core.planner import POLICIES
+    from sglang_histospec.pipe.planner import POLICIES
 
     parser.add_argument("--trace", default=None, help="a rollout trace instead of synthetic ones")
     parser.add_argument("--workers", default="8,32", help="comma-separated worker counts")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     parser.add_argument("--modes", default="sync,overlap", help="sync, overlap or both")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
-    s = parser.add_argument_group("synthetic trace (core/synth.py), per worker count")
+    s = parser.add_argument_group("synthetic trace (trace/synth.py), per worker count")
     s.add_argument("--prompts-per-worker", type=int, default=8, help="prompts per step and worker")
     s.add_argument("--group-size", type=int, default=16)
     s.add_argument("--epochs", type=int, default=5)
@@ -44,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _workload(args: argparse.Namespace, workers: int) -> list:
-    from sglang_histospec.core.pipesim import workload_from_trace
-    from sglang_histospec.core.synth import SynthConfig, generate
-    from sglang_histospec.core.trace import TraceStep, load_steps
+    from sglang_histospec.pipe.simulator import workload_from_trace
+    from sglang_histospec.trace.format import TraceStep, load_steps
+    from sglang_histospec.trace.synth import SynthConfig, generate
 
     if args.trace:
         return workload_from_trace(load_steps(args.trace)[0], args.length_scale)

@@ -6,8 +6,8 @@ times at several batch sizes, before the replay and again after it: the load of 
 replays the first ``--steps`` steps of a recorded trace through the router once per policy (policies interleaved
 step by step, ``--repeats`` times with fresh routers): every prompt's G samples, each forced to its recorded length times ``--length-scale``
 (``ignore_eos``; seeded, so every policy runs the same work). Step makespan and idle come from the servers' own
-timestamps (``meta_info.server_received`` / ``server_answered`` of every request, core/timeline.py); the
-simulator (core/pipesim.py) replays the same steps with the cost model fitted to both calibrations. Example::
+timestamps (``meta_info.server_received`` / ``server_answered`` of every request, pipe/timeline.py); the
+simulator (pipe/simulator.py) replays the same steps with the cost model fitted to both calibrations. Example::
 
     histospec bench pipe-servers --steps 8 --json     # the last stdout line holds every figure
 """
@@ -26,7 +26,7 @@ DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "docs" / "data" / "demo_gr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sglang_histospec.core.planner import POLICIES
+    from sglang_histospec.pipe.planner import POLICIES
 
     parser.add_argument("--trace", default=str(DEFAULT_TRACE), help="recorded trace whose prompts are replayed")
     parser.add_argument("--model", default=None, help="model directory; default: the quick demo model")
@@ -45,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _workload(args: argparse.Namespace, context_len: int) -> list:
     """Trace steps as StepWork with forced lengths (recorded x scale, within the model's context)."""
-    from sglang_histospec.core.pipesim import StepWork
-    from sglang_histospec.core.planner import Group
-    from sglang_histospec.core.trace import load_steps
+    from sglang_histospec.pipe.planner import Group
+    from sglang_histospec.pipe.simulator import StepWork
+    from sglang_histospec.trace.format import load_steps
 
     out, prompts = [], []
     for st in load_steps(args.trace)[0][: args.steps]:
@@ -96,7 +96,7 @@ def calibrate(clients, prompt: list[int], max_running: int = 64, lengths=(32, 96
 
 def fit_cost(samples: list, prefill: float, max_running: int):  # noqa: ANN201
     """:class:`CostModel` fitted to :func:`calibrate`'s samples."""
-    from sglang_histospec.core.costmodel import CostModel
+    from sglang_histospec.pipe.worker_cost import CostModel
 
     return CostModel(CostModel.fit(samples, prefill_token_s=prefill, max_running=max_running, tau=1.0))
 
@@ -114,7 +114,7 @@ class _PolicyRun:
         self.steps: list[dict] = []
 
     def step(self, sw, ids: list) -> None:  # noqa: ANN001
-        from sglang_histospec.core.timeline import measure_step
+        from sglang_histospec.pipe.timeline import measure_step
 
         item_params = [
             {"max_new_tokens": n, "sampling_seed": sw.step * 100000 + gi * 100 + s}
@@ -141,9 +141,9 @@ class _PolicyRun:
 
 
 def _simulate(policy: str, workers: int, cost, work) -> dict:  # noqa: ANN001
-    from sglang_histospec.core.lengths import LengthPredictorConfig
-    from sglang_histospec.core.pipesim import PipeSimConfig, PipeSimulator
-    from sglang_histospec.core.planner import PlannerConfig
+    from sglang_histospec.pipe.lengths import LengthPredictorConfig
+    from sglang_histospec.pipe.planner import PlannerConfig
+    from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator
 
     sim = PipeSimulator(PipeSimConfig(workers=workers), PlannerConfig(policy=policy), cost, LengthPredictorConfig(2))
     r = sim.run(work)
@@ -180,8 +180,8 @@ def _summary(repeats: list[dict], sim: dict, warm: list[int]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sglang_histospec.core.planner import POLICIES
     from sglang_histospec.demo.server_process import RolloutServerProcess
+    from sglang_histospec.pipe.planner import POLICIES
 
     policies = args.policies.split(",")
     if (

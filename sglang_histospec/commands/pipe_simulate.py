@@ -3,7 +3,7 @@
 Example: ``histospec pipe simulate run.jsonl.gz --workers 8 --policy histopipe --overlap --json``.
 The last stdout line (``--json``) holds ``policy, workers, steps, makespan, lower_bound, idle_fraction,
 tail_share, migrations`` (design.md section 5) plus ``overlap``, ``bound_gap`` and ``per_step``. The model and
-the metrics are defined in ``sglang_histospec/core/pipesim.py``; ``--overlap`` runs one step off-policy.
+the metrics are defined in ``sglang_histospec/pipe/simulator.py``; ``--overlap`` runs one step off-policy.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ HELP = "simulate a trace's rollout steps on W workers under a HistoPipe policy (
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Cost model, predictor and planner flags shared with ``histospec bench pipe``."""
-    from sglang_histospec.core.costmodel import CostModelConfig
+    from sglang_histospec.pipe.worker_cost import CostModelConfig
 
     d = CostModelConfig()
-    g = parser.add_argument_group("worker cost model (seconds; see core/costmodel.py)")
+    g = parser.add_argument_group("worker cost model (seconds; see pipe/worker_cost.py)")
     g.add_argument("--iteration-s", type=float, default=d.iteration_s, help="fixed time per decode iteration")
     g.add_argument("--per-request-s", type=float, default=d.per_request_s, help="per running request per iteration")
     g.add_argument("--per-context-token-s", type=float, default=d.per_context_token_s, help="per context token")
@@ -68,10 +68,10 @@ def _split_quantile(value: float | str | None, overlap: bool) -> float | None:
 
 
 def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap: bool, oracle: bool = False):  # noqa: ANN201
-    from sglang_histospec.core.costmodel import CostModel, CostModelConfig
-    from sglang_histospec.core.lengths import LengthPredictorConfig
-    from sglang_histospec.core.pipesim import PipeSimConfig, PipeSimulator
-    from sglang_histospec.core.planner import PlannerConfig
+    from sglang_histospec.pipe.lengths import LengthPredictorConfig
+    from sglang_histospec.pipe.planner import PlannerConfig
+    from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator
+    from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 
     cost = CostModel(
         CostModelConfig(
@@ -102,7 +102,7 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sglang_histospec.core.planner import POLICIES
+    from sglang_histospec.pipe.planner import POLICIES
 
     parser.add_argument("trace", help="rollout trace (.jsonl or .jsonl.gz, design.md section 3)")
     parser.add_argument("--workers", type=int, default=8, help="rollout workers (W)")
@@ -117,8 +117,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from sglang_histospec.core.pipesim import workload_from_trace
-    from sglang_histospec.core.trace import load_steps
+    from sglang_histospec.pipe.simulator import workload_from_trace
+    from sglang_histospec.trace.format import load_steps
 
     try:
         steps = workload_from_trace(load_steps(args.trace)[0], args.length_scale)

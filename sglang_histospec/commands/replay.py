@@ -18,14 +18,16 @@ HELP = "replay a trace with a drafter: exact tau, acceptance and the history ora
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sglang_histospec.replay_drafters import DRAFTERS, add_drafter_arguments
+    from sglang_histospec.replay.drafters.registry import DRAFTERS, add_drafter_arguments
 
     parser.add_argument("trace", help="JSONL(.gz) trace (design.md section 3)")
     parser.add_argument("--drafter", required=True, choices=DRAFTERS, help="which drafter to replay")
     parser.add_argument("--budget", type=int, required=True, help="N: at most N draft nodes per verify step")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")
     parser.add_argument("--plot", metavar="PNG", default=None, help="write per-step tau and acceptance plots")
-    parser.add_argument("--verify-cost", metavar="FILE", default=None, help="verify-cost table (core/verifycost.py)")
+    parser.add_argument(
+        "--verify-cost", metavar="FILE", default=None, help="verify-cost table (drafting/verify_cost.py)"
+    )
     parser.add_argument("--batch", type=int, default=1, help="batch size at which the verify cost is read")
     parser.add_argument("--no-oracle", dest="oracle", action="store_false", help="skip oracle_tau (faster)")
     parser.add_argument(
@@ -40,11 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sglang_histospec.core.replay import ReplayConfig, replay
-    from sglang_histospec.core.trace import TraceError, load_steps
-    from sglang_histospec.core.verifycost import VerifyCostTable
-    from sglang_histospec.peers import PeerUnavailable
-    from sglang_histospec.replay_drafters import build_drafter, drafter_options
+    from sglang_histospec.drafting.verify_cost import VerifyCostTable
+    from sglang_histospec.replay.drafters.registry import PeerUnavailable, build_drafter, drafter_options
+    from sglang_histospec.replay.simulator import ReplayConfig, replay
+    from sglang_histospec.trace.format import TraceError, load_steps
 
     try:
         steps, was_sorted = load_steps(args.trace)

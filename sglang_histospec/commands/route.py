@@ -16,7 +16,7 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sglang_histospec.core.planner import POLICIES
+    from sglang_histospec.pipe.planner import POLICIES
 
     parser.add_argument("--backends", required=True, help="comma-separated base URLs of rollout servers")
     parser.add_argument("--policy", choices=POLICIES, default="histopipe")

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_torch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from sglang_histospec.core import BudgetConfig, DrafterConfig
+    from sglang_histospec.drafting import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.types import EngineConfig
     from sglang_histospec.models import resolve_model
     from sglang_histospec.server.app import AppConfig, create_app

@@ -3,7 +3,7 @@
 Example: ``histospec trace stats run.jsonl.gz --min-match 4 --json --plot stats/``. The last stdout line
 (``--json``) holds ``epochs`` and ``pairs`` (per adjacent-epoch pair: ``token_reuse``, its per-response mean and
 p10/p50/p90, ``spearman``, ``kendall``, ``rank_moved_share``), the same four keys averaged over pairs, and
-length percentiles. Definitions: ``sglang_histospec/core/trace_stats.py`` and docs/replay.md.
+length percentiles. Definitions: ``sglang_histospec/trace/stats.py`` and docs/replay.md.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sglang_histospec.core.trace import TraceError, read_trace
-    from sglang_histospec.core.trace_stats import trace_stats
+    from sglang_histospec.trace.format import TraceError, read_trace
+    from sglang_histospec.trace.stats import trace_stats
 
     try:
         stats = trace_stats(read_trace(args.trace), args.min_match)

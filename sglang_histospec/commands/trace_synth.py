@@ -1,7 +1,7 @@
 """``histospec trace synth OUT``: write a synthetic trace (controllable drift, long-tailed lengths).
 
 Example: ``histospec trace synth synth.jsonl.gz --prompts 200 --group-size 8 --epochs 3 --drift 0.1 --json``.
-Every ``SynthConfig`` field is a flag (``sglang_histospec/core/synth.py``). Synthetic traces serve tests and
+Every ``SynthConfig`` field is a flag (``sglang_histospec/trace/synth.py``). Synthetic traces serve tests and
 benchmarks of the tooling; figures about real behaviour come from traces of real runs.
 """
 
@@ -18,7 +18,7 @@ HELP = "write a synthetic rollout trace with controllable drift between epochs"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.commands._flags import add_config_flags
-    from sglang_histospec.core.synth import SynthConfig
+    from sglang_histospec.trace.synth import SynthConfig
 
     parser.add_argument("out", help="output path (.jsonl or .jsonl.gz)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sglang_histospec.commands._flags import config_from_flags
-    from sglang_histospec.core.synth import SynthConfig, write_synthetic
+    from sglang_histospec.trace.synth import SynthConfig, write_synthetic
 
     try:
         cfg = config_from_flags(SynthConfig, args)

@@ -90,8 +90,8 @@ def run_grpo(
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from sglang_histospec.core.trace import TraceRecord, TraceWriter
     from sglang_histospec.demo.server_process import RolloutServerProcess
+    from sglang_histospec.trace.format import TraceRecord, TraceWriter
     from trl_integration import HistoSpecGRPOConfig, HistoSpecGRPOTrainer
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -22,8 +22,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from sglang_histospec.core.types import AcceptanceRates
 from sglang_histospec.demo.task import ArithTask
+from sglang_histospec.drafting.types import AcceptanceRates
 
 
 @dataclass(frozen=True)
@@ -124,9 +124,9 @@ def sample_epochs(
     """
     from tqdm.auto import tqdm
 
-    from sglang_histospec.core.trace import TraceRecord, TraceWriter
     from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
+    from sglang_histospec.trace.format import TraceRecord, TraceWriter
 
     prompts = task.prompts[: config.num_prompts] if config.num_prompts else task.prompts
     engine = Engine(

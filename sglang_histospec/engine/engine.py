@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sglang_histospec.core import ROOT, Draft
-from sglang_histospec.core.calibration import DraftCalibration
-from sglang_histospec.core.stepcost import StepCostModel, best_cut
+from sglang_histospec.drafting import ROOT, Draft
+from sglang_histospec.drafting.calibration import DraftCalibration
+from sglang_histospec.drafting.draft_cut import StepCostModel, best_cut
 from sglang_histospec.engine.governor import SpecGovernor
 from sglang_histospec.engine.model import TreeForward, check_architecture
 from sglang_histospec.engine.profile import profile_verify
@@ -152,7 +152,7 @@ class Engine:
         self.eos_token_ids = self._eos_ids(model)
         self.tokenizer = self._load_tokenizer(config.model_path)
         if drafter is None or budgets is None:
-            from sglang_histospec.core import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
+            from sglang_histospec.drafting import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
 
             drafter = drafter if drafter is not None else HistoSpecDrafter(config.drafter or DrafterConfig())
             if budgets is None:

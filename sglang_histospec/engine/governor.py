@@ -1,6 +1,6 @@
 """A measured guard against drafting that does not pay: compare real tokens/s with and without drafting.
 
-The cost-aware cut (``core/stepcost.py``) predicts whether draft nodes pay for their verify rows; a prediction can
+The cost-aware cut (``drafting/draft_cut.py``) predicts whether draft nodes pay for their verify rows; a prediction can
 be wrong (host work it does not model, a noisy machine, a cold history). The governor measures instead. Per batch
 size bucket (``bsz.bit_length()``) it keeps a decayed mean of the tokens per second of steps that drafted and of
 steps that did not, and lets a step draft only while drafting steps are measured at least as fast. The losing mode

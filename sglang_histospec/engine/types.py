@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the core drafter types; imported lazily by the engine
-    from sglang_histospec.core import BudgetConfig, DrafterConfig
+    from sglang_histospec.drafting import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.governor import GovernorConfig
 
 SPECULATIVE_ALGORITHMS = ("HISTOSPEC", "NONE")
@@ -168,7 +168,7 @@ class EngineConfig:
     when ``draft_selection`` is "cost" (the cut below sizes the trees), else the core default (AIMD)."""
     draft_selection: str = "cost"
     """"cost": each step keeps the most likely draft nodes of the whole batch as long as their expected accepted
-    tokens pay for their verify rows, per a step-time model measured online (``core/stepcost.py``); "all": keep
+    tokens pay for their verify rows, per a step-time model measured online (``drafting/draft_cut.py``); "all": keep
     every drafted node (within the budgets)."""
     drafter: DrafterConfig | None = None
     """History drafter configuration (core HistoSpecDrafter); None = the core default."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sglang_histospec.core import DrafterConfig, HistoSpecDrafter, pack_draft
+from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter, pack_draft
 
 PROMPT_ID_KEY = "prompt_id"
 """Key of the prompt (group) id in ``sampling_params.custom_params``."""
@@ -50,7 +50,7 @@ def prompt_key(custom_params: Mapping[str, Any] | None, prompt_tokens: Sequence[
 
 
 DRAFTER_CONFIG_ENV = "HISTOSPEC_DRAFTER_CONFIG"
-"""Optional JSON object of :class:`~sglang_histospec.core.DrafterConfig` fields for the plugin's drafter."""
+"""Optional JSON object of :class:`~sglang_histospec.drafting.DrafterConfig` fields for the plugin's drafter."""
 
 
 def drafter_config_from_env(environ: Mapping[str, str] | None = None) -> DrafterConfig:

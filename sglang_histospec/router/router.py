@@ -11,7 +11,7 @@ the least outstanding predicted work.
 Outlier migration (``migrate_outliers``, on by default, for ``run_step``): requests then go out as one /generate
 call each, at most the cost model's ``max_running`` in flight per backend (the rest are sent in plan order as
 slots free up, so none waits in a backend's queue), and while a step is in its tail the dispatcher applies the
-simulator's rule (core/migration.py) every ``outlier_check_s``: a request estimated far past its prompt's history
+simulator's rule (pipe/migration.py) every ``outlier_check_s``: a request estimated far past its prompt's history
 (tokens emitted = time since it was sent x the step's decode rate) is aborted on its backend (SGLang's
 ``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
 to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
@@ -36,10 +36,11 @@ from typing import Any
 
 import httpx
 
-from sglang_histospec.core.costmodel import CostModel
-from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
-from sglang_histospec.core.migration import InFlight, decode_rate, pick_migrations
-from sglang_histospec.core.planner import POLICIES, Group, Planner, PlannerConfig
+from sglang_histospec.drafting.types import tau
+from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
+from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
+from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig
+from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.http_api import ApiError, check_admin_key
 from sglang_histospec.server.protocol import ModelLimits
@@ -627,7 +628,7 @@ class Router:
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     history[k] = history.get(k, 0) + v
         if "generated_tokens" in total:
-            total["tau"] = total["generated_tokens"] / total["verify_steps"] if total.get("verify_steps") else 1.0
+            total["tau"] = tau(total["generated_tokens"], total.get("verify_steps", 0))
         return {**total, "history": history, "per_backend": per_backend, "router": self.stats()}
 
     def metrics_text(self) -> str:

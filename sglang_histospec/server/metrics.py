@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sglang_histospec.drafting.types import tau as tokens_per_step
+
 
 @dataclass(slots=True)
 class ServerCounters:
@@ -68,8 +70,8 @@ class ServerCounters:
             setattr(self, name, getattr(self, name) + value)
 
     def tau(self) -> float:
-        """Tokens per verify step (1.0 before any verify step)."""
-        return self.generated_tokens / self.verify_steps if self.verify_steps else 1.0
+        """Tokens per verify step (:func:`~sglang_histospec.drafting.types.tau`: 0.0 before any verify step)."""
+        return tokens_per_step(self.generated_tokens, self.verify_steps)
 
     def accept_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sglang_histospec.drafting.types import MAX_TOKEN_ID
 from sglang_histospec.plugin import ALGORITHM_NAME
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
 
     def limits() -> ModelLimits:
         tm = get_global_state().tokenizer_manager
-        vocab = int(getattr(tm.model_config, "vocab_size", 2**31 - 1))
+        vocab = int(getattr(tm.model_config, "vocab_size", MAX_TOKEN_ID - 1))
         return ModelLimits(vocab_size=vocab, context_len=int(tm.context_len))
 
     def error(status: int, message: str, field: str | None = None) -> JSONResponse:

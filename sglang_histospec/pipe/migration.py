@@ -3,8 +3,8 @@
 The router sends one /generate per request and gets nothing back until it finishes, so it estimates the tokens
 a running request has emitted as ``elapsed x tokens_per_s``, the median per-request decode rate of the step's
 requests that already finished (:func:`decode_rate`). With that estimate it applies the simulator's rule
-(core/pipesim.py): while the step is in its tail (:func:`~sglang_histospec.core.planner.in_tail`), a request past
-:func:`~sglang_histospec.core.planner.outlier_threshold` of its prompt's history moves to an idle worker, each
+(pipe/simulator.py): while the step is in its tail (:func:`~sglang_histospec.pipe.planner.in_tail`), a request past
+:func:`~sglang_histospec.pipe.planner.outlier_threshold` of its prompt's history moves to an idle worker, each
 request at most once and one per idle worker. Unlike the simulator, a request alone on its worker may move too:
 a real worker can be slow or stalled, and then moving it costs one prefill.
 
@@ -21,8 +21,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sglang_histospec.core.lengths import LengthEstimate
-from sglang_histospec.core.planner import PlannerConfig, in_tail, outlier_threshold
+from sglang_histospec.pipe.lengths import LengthEstimate
+from sglang_histospec.pipe.planner import PlannerConfig, in_tail, outlier_threshold
 
 
 @dataclass(frozen=True, slots=True)

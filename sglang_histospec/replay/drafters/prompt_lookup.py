@@ -15,8 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from sglang_histospec.core.replay import BaseDrafter
-from sglang_histospec.core.types import ROOT, Draft
+from sglang_histospec.drafting.types import ROOT, Draft
+from sglang_histospec.replay.simulator import BaseDrafter
 
 
 class PromptLookupDrafter(BaseDrafter):

@@ -30,6 +30,8 @@ import struct
 
 import numpy as np
 
+from sglang_histospec.drafting.types import MAX_TOKEN_ID
+
 MAGIC = b"HSPSNAP\x00"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQ32s")
@@ -150,7 +152,7 @@ def _parse(payload: bytes) -> dict:
 
 def _tail(raw) -> list[int]:
     if not isinstance(raw, list) or any(
-        isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31 for t in raw
+        isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < MAX_TOKEN_ID for t in raw
     ):
         raise ValueError(f"bad prompt tail {raw!r:.80}")
     return raw

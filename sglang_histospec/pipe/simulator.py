@@ -30,9 +30,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from sglang_histospec.core.costmodel import CostModel
-from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
-from sglang_histospec.core.planner import (
+from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
+from sglang_histospec.pipe.planner import (
     Group,
     Planner,
     PlannerConfig,
@@ -40,7 +39,8 @@ from sglang_histospec.core.planner import (
     in_tail,
     outlier_threshold,
 )
-from sglang_histospec.core.workersim import WorkerSim
+from sglang_histospec.pipe.worker_cost import CostModel
+from sglang_histospec.pipe.worker_sim import WorkerSim
 
 CHECK_INTERVAL = 0.01
 """Outlier scans of a step's tail are at least this share of the step's elapsed time apart."""
@@ -512,7 +512,7 @@ class _Run:
 
 
 def workload_from_trace(steps: Iterable, length_scale: float = 1.0) -> list[StepWork]:
-    """Turn trace steps (``TraceStep``: ``.step`` and ``.records``, see ``core/trace.py``) into a workload.
+    """Turn trace steps (``TraceStep``: ``.step`` and ``.records``, see ``trace/format.py``) into a workload.
 
     A group is a prompt id within a step (samples in ``sample`` order, groups in order of first appearance);
     the lengths are the prompts' and responses' token counts times ``length_scale`` (e.g. 8 to model

@@ -3,7 +3,8 @@
 ``DRAFTERS``: ``histospec`` (ours; every DrafterConfig knob and the AIMD policy), ``rhymerl`` (RhymeRL's released
 policy = ``DrafterConfig.rhymerl()`` + released budgets), ``prompt-lookup`` (vLLM ngram semantics), ``none``,
 ``sglang-ngram`` (SGLang 0.5.23's NGRAM corpus) and ``suffix`` (ArcticInference SuffixDecoding as vLLM's
-``suffix`` method). The last two need ``make install-peers`` and raise ``PeerUnavailable`` otherwise.
+``suffix`` method). The last two need ``make install-peers`` and raise ``PeerUnavailable`` otherwise; both
+are imported lazily, from their own packages, driven as their engines drive them (docs/replay.md).
 
 Example::
 
@@ -16,7 +17,20 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from sglang_histospec.core.replay import NoneDrafter, ReplayDrafter
+from sglang_histospec.replay.simulator import NoneDrafter, ReplayDrafter
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer drafter's package is not installed (the message names the make target)."""
+
+
+def require(drafter: str, package: str, exc: BaseException) -> PeerUnavailable:
+    """The error for a peer drafter whose package ``package`` failed to import with ``exc``."""
+    return PeerUnavailable(
+        f"drafter {drafter!r} needs {package}, which is not importable here ({type(exc).__name__}: {exc}); "
+        "install it with `make install-peers` (see docs/replay.md)"
+    )
+
 
 DRAFTERS = ("histospec", "rhymerl", "prompt-lookup", "none", "sglang-ngram", "suffix")
 
@@ -41,12 +55,12 @@ def build_drafter(name: str, budget: int, **opts) -> ReplayDrafter:
     if name == "none":
         return NoneDrafter()
     if name == "prompt-lookup":
-        from sglang_histospec.core.prompt_lookup import PromptLookupDrafter
+        from sglang_histospec.replay.drafters.prompt_lookup import PromptLookupDrafter
 
         return PromptLookupDrafter(min_n=opts.get("pl_min", 5), max_n=opts.get("pl_max", opts.get("pl_min", 5)))
     if name in ("histospec", "rhymerl"):
-        from sglang_histospec.core.drafter import DrafterConfig
-        from sglang_histospec.core.histospec_replay import HistoSpecReplayDrafter, rhymerl_drafter
+        from sglang_histospec.drafting.drafter import DrafterConfig
+        from sglang_histospec.replay.drafters.histospec import HistoSpecReplayDrafter, rhymerl_drafter
 
         if name == "rhymerl":
             return rhymerl_drafter(budget, **({"backend": opts["backend"]} if "backend" in opts else {}))
@@ -61,12 +75,12 @@ def build_drafter(name: str, budget: int, **opts) -> ReplayDrafter:
             kw["sources"] = tuple(s.strip() for s in src.split(",") if s.strip()) if isinstance(src, str) else src
         return HistoSpecReplayDrafter(DrafterConfig(**kw), opts.get("aimd", "fixed"), budget)
     if name == "sglang-ngram":
-        from sglang_histospec.peers.sglang_ngram import NgramConfig, SGLangNgramDrafter
+        from sglang_histospec.replay.drafters.sglang_ngram import NgramConfig, SGLangNgramDrafter
 
         kw = {f.name: opts[f"ngram_{f.name}"] for f in fields(NgramConfig) if f"ngram_{f.name}" in opts}
         return SGLangNgramDrafter(budget, NgramConfig(**kw))
     if name == "suffix":
-        from sglang_histospec.peers.suffix import SuffixConfig, SuffixDrafter
+        from sglang_histospec.replay.drafters.suffix import SuffixConfig, SuffixDrafter
 
         kw = {f.name: opts[f"suffix_{f.name}"] for f in fields(SuffixConfig) if f"suffix_{f.name}" in opts}
         return SuffixDrafter(SuffixConfig(**kw))

@@ -34,8 +34,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-MAX_TOKEN_ID = 2**31
-"""Token ids are ints in [0, MAX_TOKEN_ID)."""
+from sglang_histospec.drafting.types import MAX_TOKEN_ID
 
 
 class TraceError(ValueError):

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sglang_histospec.core.budget import BudgetConfig, BudgetController
-from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.core.replay import BaseDrafter, accept_path
-from sglang_histospec.core.types import Draft
+from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
+from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.types import Draft, accepted_path
+from sglang_histospec.replay.simulator import BaseDrafter
 
 BUDGET_POLICIES = ("fixed", "paper", "released")
 
@@ -61,7 +61,7 @@ class HistoSpecReplayDrafter(BaseDrafter):
     def extend(self, req_id: str, tokens: list[int]) -> None:
         d = self._last.pop(req_id, None)
         if d is not None and len(d):
-            self._calibrate(d, accept_path(d, tokens, 0))
+            self._calibrate(d, accepted_path(d.token_ids, d.parents, tokens))
         self.drafter.extend(req_id, tokens)
 
     def _calibrate(self, d: Draft, path: list[int]) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sglang_histospec.core.reference import MAX_BUDGET
+from sglang_histospec.drafting.types import MAX_BUDGET
 
 POLICIES = ("paper", "released", "fixed")
 
@@ -103,7 +103,7 @@ class BudgetController:
         self._lock = threading.Lock()
         self._table = self.cfg.verify_cost
         if self._table is None and self.cfg.cost_limit is not None:
-            from sglang_histospec.core.verifycost import VerifyCostTable
+            from sglang_histospec.drafting.verify_cost import VerifyCostTable
 
             self._table = VerifyCostTable.default()
 

@@ -5,7 +5,7 @@ It drives the backend interface of ``docs/drafting.md`` section 9 directly (``se
 
 Example::
 
-    >>> from sglang_histospec.core.bench_index import IndexBenchConfig, run_index_bench
+    >>> from sglang_histospec.drafting.index_bench import IndexBenchConfig, run_index_bench
     >>> r = run_index_bench(IndexBenchConfig(prompts=2, responses=4, length=64, steps=4), backend="python")
     >>> r["history_tokens_per_prompt"], r["batch"]
     (272, 2)
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.core.reference import WEIGHT_ONE, ReferenceIndex
+from sglang_histospec.drafting.reference import ReferenceIndex
+from sglang_histospec.drafting.types import WEIGHT_ONE, accepted_length, tau
 
 PROMPT_LEN = 16
 """Prompt length of every synthetic prompt."""
@@ -71,7 +72,7 @@ def _make_backend(cfg: IndexBenchConfig, backend: str):
     )
     if backend == "python":
         return ReferenceIndex(**kwargs)
-    from sglang_histospec.core.native import NativeIndex
+    from sglang_histospec.drafting.native import NativeIndex
 
     return NativeIndex(**kwargs)
 
@@ -80,18 +81,6 @@ def _sample(base: np.ndarray, similarity: float, vocab: int, rng: np.random.Gene
     """A response that copies ``base`` token by token with probability ``similarity``."""  # [len(base)] int32
     noise = rng.integers(0, vocab, size=base.shape, dtype=np.int32)
     return np.where(rng.random(base.shape) < similarity, base, noise).astype(np.int32)
-
-
-def accepted_length(tokens: list[int], parents: list[int], truth: np.ndarray) -> int:
-    """Longest root path of the draft whose tokens equal ``truth`` (the realized continuation)."""
-    children: dict[tuple[int, int], int] = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
-    node, k = -1, 0
-    while k < len(truth):
-        nxt = children.get((node, int(truth[k])))
-        if nxt is None:
-            break
-        node, k = nxt, k + 1
-    return k
 
 
 def run_index_bench(
@@ -176,7 +165,7 @@ def run_index_bench(
         "history_tokens_per_prompt": history_tokens // cfg.prompts,
         "history_tokens": history_tokens,
         "request_steps": request_steps,
-        "tau": emitted / max(1, request_steps),
+        "tau": tau(emitted, request_steps),
         "budget": cfg.budget,
         "similarity": cfg.similarity,
         "sources": ",".join(cfg.sources),

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from sglang_histospec.core.costmodel import CostModel
+from sglang_histospec.pipe.worker_cost import CostModel
 
 
 @dataclass(slots=True)

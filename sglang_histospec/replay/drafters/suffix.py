@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_histospec.core.replay import BaseDrafter
-from sglang_histospec.core.types import ROOT, Draft
-from sglang_histospec.peers import require
+from sglang_histospec.drafting.types import ROOT, Draft
+from sglang_histospec.replay.drafters.registry import require
+from sglang_histospec.replay.simulator import BaseDrafter
 
 
 @dataclass(slots=True)

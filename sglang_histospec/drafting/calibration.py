@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.core.types import Draft
+from sglang_histospec.drafting.types import Draft
 
 BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999])
 """Upper edges of the probability bins (the last bin holds probability 1.0 alone)."""

@@ -21,14 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sglang_histospec.core.types import ROOT
+from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, ROOT, SOURCES, WEIGHT_ONE
 
-WEIGHT_ONE = 65536
-"""Integer weight of one response at age 0 without reward bonus (``docs/drafting.md`` section 1)."""
-MAX_BUDGET = 1024
-"""Largest accepted draft budget (nodes per draft)."""
-SOURCES = ("history", "siblings", "self", "global")
-"""All draft sources, in tie-breaking priority order."""
+__all__ = ["MAX_BUDGET", "SOURCES", "WEIGHT_ONE", "DraftTuple", "ReferenceIndex", "merge_drafts"]
 
 DraftTuple = tuple[list[int], list[int], list[float], int, str]
 """(token_ids, parents, probs, match_len, source) as returned by ``draft_batch``."""
@@ -282,7 +277,7 @@ class ReferenceIndex:
                 if any(c.seqs[si][k] != t for si, k in positions):
                     return f"{name}: index entry for token {t} points at another token"
         for rid, r in requests.items():
-            if any(not (0 <= t < 2**31) for t in r.context):
+            if any(not (0 <= t < MAX_TOKEN_ID) for t in r.context):
                 return f"request {rid}: token out of range"
         return None
 

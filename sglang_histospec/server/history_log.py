@@ -1,7 +1,7 @@
 """Durable drafter history: a write-ahead log of pushes and step ends, compacted into snapshots; no torch.
 
 Contract: a change is acknowledged only after its log record is written and fsync'd, so a kill -9 at any point
-loses nothing acknowledged. A snapshot (``core/snapshot.py``, atomic) records the sequence number of the last
+loses nothing acknowledged. A snapshot (``drafting/snapshot.py``, atomic) records the sequence number of the last
 record it holds; the log is then emptied. Restore = snapshot, then every record with a larger sequence number
 (records already in the snapshot are skipped, so a crash between snapshot and truncation replays nothing twice).
 A torn last record (a crash mid-append: never acknowledged) is cut off at restore.
@@ -157,8 +157,8 @@ class DurableHistory:
     def restore(self) -> Any:
         """The drafter of the snapshot plus the log's later records (an empty drafter when there is neither).
         ValueError if the snapshot or log is corrupt (refuse to start rather than drop history)."""
-        from sglang_histospec.core.drafter import DrafterConfig, HistoSpecDrafter
-        from sglang_histospec.core.snapshot import read_snapshot
+        from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+        from sglang_histospec.drafting.snapshot import read_snapshot
 
         cfg = self.drafter_config or DrafterConfig()
         done = -1

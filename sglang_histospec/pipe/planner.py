@@ -26,8 +26,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sglang_histospec.core.costmodel import CostModel
-from sglang_histospec.core.lengths import LengthEstimate, LengthPredictor
+from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor
+from sglang_histospec.pipe.worker_cost import CostModel
 
 POLICIES = ("round-robin", "lpt", "histopipe")
 

@@ -11,7 +11,7 @@ weighted least squares over the steps an engine runs (seeded by the engine's pro
 
 A draft node adds one row and, in expectation, as many accepted tokens as the probability that the target emits
 the whole path to it. The drafter's path probabilities (``Draft.probs``) are overconfident;
-``core/calibration.py`` maps them to the acceptance observed for them. With every draft node of a step sorted by
+``drafting/calibration.py`` maps them to the acceptance observed for them. With every draft node of a step sorted by
 calibrated probability ``p``, keeping the ``k`` most likely gives
 
     tokens(k) / seconds(k) = (B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k)),

@@ -19,7 +19,7 @@ every drafter restricted to those sources from above); ``draft_us_p50/p99``: wal
 
 Example (``NoneDrafter`` never drafts, so every verify step emits exactly one token)::
 
-    >>> from sglang_histospec.core.trace import TraceRecord, TraceStep
+    >>> from sglang_histospec.trace.format import TraceRecord, TraceStep
     >>> steps = [TraceStep(0, [TraceRecord(0, "p", 0, [1], [2, 3, 4])])]
     >>> r = replay(steps, NoneDrafter(), ReplayConfig(budget=4))
     >>> r.tau, r.verify_steps, r.oracle_tau
@@ -36,14 +36,10 @@ from typing import Protocol
 
 import numpy as np
 
-from sglang_histospec.core.kgrams import KeySet, kgram_keys, leading_true, self_occurs
-from sglang_histospec.core.trace import TraceRecord, TraceStep
-from sglang_histospec.core.types import ROOT, AcceptanceRates, Draft
-from sglang_histospec.core.verifycost import VerifyCostTable
-
-SOURCES = ("history", "siblings", "self", "global")
-"""Draft sources a drafter may declare (the oracle uses the same ones)."""
-MAX_REPLAY_BUDGET = 1024
+from sglang_histospec.drafting.types import MAX_BUDGET, SOURCES, AcceptanceRates, Draft, accepted_length
+from sglang_histospec.drafting.verify_cost import VerifyCostTable
+from sglang_histospec.trace.format import TraceRecord, TraceStep
+from sglang_histospec.trace.kgrams import KeySet, kgram_keys, leading_true, self_occurs
 
 
 class ReplayDrafter(Protocol):
@@ -110,28 +106,10 @@ class NoneDrafter(BaseDrafter):
     name = "none"
 
 
-def accept_path(draft: Draft, target: Sequence[int], start: int) -> list[int]:
-    """Indices of the nodes accepted when the realized tokens from ``start`` on are ``target[start:]``.
-
-    Walks from the root: among the children of the current node (in draft order) the first whose token equals
-    the next realized token is accepted. One forward scan suffices because every parent precedes its children.
-    Example: draft root->5->6, root->7 (``token_ids=[5, 7, 6], parents=[-1, -1, 0]``) against ``[5, 6, 9]``
-    accepts nodes ``[0, 2]``; against ``[7, 6]`` node ``[1]``.
-    """
-    cur, path, n = ROOT, [], len(target)
-    toks, parents = draft.token_ids, draft.parents
-    for i in range(len(toks)):
-        if start + len(path) >= n:
-            break
-        if parents[i] == cur and toks[i] == target[start + len(path)]:
-            cur = i
-            path.append(i)
-    return path
-
-
 def accept_length(draft: Draft, target: Sequence[int], start: int) -> int:
-    """Number of nodes ``accept_path`` accepts. Example: 2 for the first case of ``accept_path``."""
-    return len(accept_path(draft, target, start))
+    """Nodes of ``draft`` accepted when the realized tokens from ``start`` on are ``target[start:]``
+    (:func:`~sglang_histospec.drafting.types.accepted_length`)."""
+    return accepted_length(draft.token_ids, draft.parents, target, start)
 
 
 @dataclass(slots=True)
@@ -154,8 +132,8 @@ class ReplayConfig:
     """Oracle over every earlier visit of the prompt instead of the drafter's window."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_REPLAY_BUDGET:
-            raise ValueError(f"budget={self.budget!r} must be an int in [0, {MAX_REPLAY_BUDGET}]")
+        if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
+            raise ValueError(f"budget={self.budget!r} must be an int in [0, {MAX_BUDGET}]")
         if self.batch < 1:
             raise ValueError(f"batch={self.batch} must be >= 1")
         if self.oracle_sources is not None and not set(self.oracle_sources) <= set(SOURCES):

@@ -50,7 +50,7 @@ class CostModelConfig:
 
 
 class CostModel:
-    """Closed-form pieces of the worker clock; :class:`~sglang_histospec.core.workersim.WorkerSim` runs it.
+    """Closed-form pieces of the worker clock; :class:`~sglang_histospec.pipe.worker_sim.WorkerSim` runs it.
 
     Example: with ``CostModelConfig(iteration_s=1, per_request_s=0, per_context_token_s=0, prefill_token_s=0)``
     a request of 10 tokens alone takes ``solo_time(0, 10) == 10.0`` s; with ``tau=2`` it takes 5.0 s.

@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from sglang_histospec.core import _native
-from sglang_histospec.core.reference import SOURCES, DraftTuple
+from sglang_histospec.drafting.reference import DraftTuple
+from sglang_histospec.drafting.types import SOURCES
 
 if getattr(_native, "ABI_VERSION", 0) < 2:  # a stale build of the skeleton: rebuild with `make install`
     raise ImportError(f"sglang_histospec.core._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)})")

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from sglang_histospec.core.kgrams import PAD, kgram_keys, sorted_unique
-from sglang_histospec.core.trace import TraceRecord
+from sglang_histospec.trace.format import TraceRecord
+from sglang_histospec.trace.kgrams import PAD, kgram_keys, sorted_unique
 
 
 def average_ranks(x: Sequence[float] | np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.core.types import ROOT, Draft
+from sglang_histospec.drafting.types import MAX_TOKEN_ID, ROOT, Draft
 
 PAD_TOKEN = 0
 """Token of padding nodes; each padding node is a child of node 0 and sees only node 0 and itself."""
@@ -35,7 +35,11 @@ def pack_draft(draft: Draft, root_token: int, num_nodes: int) -> PackedDraft:
     """Pack ``draft`` into ``num_nodes`` nodes (the first ``num_nodes - 1`` draft nodes are kept: a BFS prefix)."""
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 1:
         raise ValueError(f"num_nodes={num_nodes!r}: expected an int >= 1 (node 0 is the root)")
-    if isinstance(root_token, bool) or not isinstance(root_token, (int, np.integer)) or not 0 <= root_token < 2**31:
+    if (
+        isinstance(root_token, bool)
+        or not isinstance(root_token, (int, np.integer))
+        or not 0 <= root_token < MAX_TOKEN_ID
+    ):
         raise ValueError(f"root_token={root_token!r}: expected a token id in [0, 2**31)")
     problem = draft.check()
     if problem is not None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.core.trace import TraceRecord, TraceWriter
+from sglang_histospec.trace.format import TraceRecord, TraceWriter
 
 
 @dataclass(slots=True)

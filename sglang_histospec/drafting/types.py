@@ -1,11 +1,53 @@
-"""Small result types shared by every layer."""
+"""Constants, result types and metric formulas shared by every layer (each defined here once)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 ROOT = -1
 """Parent index of a node whose parent is the root (the last committed token)."""
+MAX_TOKEN_ID = 2**31
+"""Token ids are ints in [0, MAX_TOKEN_ID) (int32 in the native index, the traces and the snapshots)."""
+WEIGHT_ONE = 65536
+"""Integer weight of one response at age 0 without reward bonus (``docs/drafting.md`` section 1)."""
+MAX_BUDGET = 1024
+"""Largest accepted draft budget (nodes per draft)."""
+SOURCES = ("history", "siblings", "self", "global")
+"""All draft sources, in tie-breaking priority order (replay's oracle uses the same names)."""
+
+
+def tau(tokens: int | float, verify_steps: int | float) -> float:
+    """Mean tokens per verify step (accepted draft nodes plus the bonus token); 0.0 before any verify step.
+
+    Example: ``tau(12, 4) == 3.0``, ``tau(0, 0) == 0.0``.
+    """
+    return tokens / verify_steps if verify_steps else 0.0
+
+
+def accepted_path(
+    token_ids: Sequence[int], parents: Sequence[int], target: Sequence[int], start: int = 0
+) -> list[int]:
+    """Indices of the draft nodes accepted when the realized tokens from ``start`` on are ``target[start:]``.
+
+    Walks from the root: among the children of the current node (in draft order) the first whose token equals
+    the next realized token is accepted. One forward scan suffices because every parent precedes its children.
+    Example: draft root->5->6, root->7 (``token_ids=[5, 7, 6], parents=[-1, -1, 0]``) against ``[5, 6, 9]``
+    accepts nodes ``[0, 2]``; against ``[7, 6]`` node ``[1]``.
+    """
+    cur, path, n = ROOT, [], len(target)
+    for i in range(len(token_ids)):
+        if start + len(path) >= n:
+            break
+        if parents[i] == cur and token_ids[i] == target[start + len(path)]:
+            cur = i
+            path.append(i)
+    return path
+
+
+def accepted_length(token_ids: Sequence[int], parents: Sequence[int], target: Sequence[int], start: int = 0) -> int:
+    """How many nodes :func:`accepted_path` accepts. Example: 2 and 1 for its two cases."""
+    return len(accepted_path(token_ids, parents, target, start))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +124,8 @@ class AcceptanceRates:
 
     @property
     def tau(self) -> float:
-        """Tokens per verify step (0 before any step)."""
-        return self.tokens / self.verify_steps if self.verify_steps else 0.0
+        """Tokens per verify step (:func:`tau`)."""
+        return tau(self.tokens, self.verify_steps)
 
     @property
     def accept_rate(self) -> float:

@@ -24,12 +24,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from sglang_histospec.core.calibration import CalibrationConfig, DraftCalibration
-from sglang_histospec.core.reference import MAX_BUDGET, SOURCES, WEIGHT_ONE, ReferenceIndex
-from sglang_histospec.core.types import Draft
+from sglang_histospec.drafting.calibration import CalibrationConfig, DraftCalibration
+from sglang_histospec.drafting.reference import ReferenceIndex
+from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, SOURCES, WEIGHT_ONE, Draft
 
-MAX_TOKEN = 2**31
-"""Token ids must lie in [0, MAX_TOKEN)."""
 _WEIGHT_SUM_LIMIT = 2**53
 """Weight sums must stay exactly representable as doubles (docs/drafting.md section 3.1)."""
 
@@ -144,13 +142,13 @@ def _check_tokens(tokens, what: str) -> list[int]:
     if isinstance(tokens, np.ndarray):
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"{what}: expected a 1-D integer array, got dtype {tokens.dtype} ndim {tokens.ndim}")
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= MAX_TOKEN):
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= MAX_TOKEN_ID):
             raise ValueError(f"{what}: token ids must lie in [0, 2**31), got min {tokens.min()} max {tokens.max()}")
         return [int(t) for t in tokens]
     if not isinstance(tokens, (list, tuple)):
         raise ValueError(f"{what}: expected a list of token ids, got {type(tokens).__name__}")
     for t in tokens:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not (0 <= t < MAX_TOKEN):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not (0 <= t < MAX_TOKEN_ID):
             raise ValueError(f"{what}: token id {t!r} is not an int in [0, 2**31)")
     return [int(t) for t in tokens]
 
@@ -183,7 +181,7 @@ def visit_weights(rewards: list[float] | None, n: int, age: int, cfg: DrafterCon
     for i in range(n):
         norm = (rewards[i] - lo) / (hi - lo) if rewards and hi > lo else 0.0
         mult = 1.0 + cfg.reward_weight * norm
-        out.append(max(1, math.floor(decay * mult * 65536.0 + 0.5)))
+        out.append(max(1, math.floor(decay * mult * float(WEIGHT_ONE) + 0.5)))
     return out
 
 
@@ -199,7 +197,7 @@ def make_index(cfg: DrafterConfig):
     )
     if cfg.backend in ("auto", "native"):
         try:
-            from sglang_histospec.core.native import NativeIndex
+            from sglang_histospec.drafting.native import NativeIndex
         except (ImportError, AttributeError) as exc:
             if cfg.backend == "native":
                 raise ValueError(
@@ -496,7 +494,7 @@ class HistoSpecDrafter:
     def snapshot(self, path, extra: dict | None = None) -> None:
         """Write the history (not the running requests) to ``path``: versioned, checksummed, atomic. ``extra``: a
         small JSON dict stored with it (``read_snapshot(path)["extra"]``)."""
-        from sglang_histospec.core.snapshot import write_snapshot
+        from sglang_histospec.drafting.snapshot import write_snapshot
 
         with self._lock:
             write_snapshot(path, {**self._export(), "extra": extra or {}})
@@ -504,7 +502,7 @@ class HistoSpecDrafter:
     @classmethod
     def load(cls, path, cfg: DrafterConfig | None = None) -> HistoSpecDrafter:
         """A new drafter holding the history of a snapshot; ValueError if the file is corrupt or truncated."""
-        from sglang_histospec.core.snapshot import read_snapshot
+        from sglang_histospec.drafting.snapshot import read_snapshot
 
         return cls.from_state(read_snapshot(path), cfg)  # fully parsed and verified before anything is built
 

@@ -1,0 +1,19 @@
+"""Every drafter ``histospec replay`` can run, by name: ours (``histospec``, ``rhymerl``), ``prompt-lookup``,
+``none`` and the peers ``sglang-ngram`` and ``suffix`` (optional packages, imported lazily).
+"""
+
+from sglang_histospec.replay.drafters.registry import (
+    DRAFTERS,
+    PeerUnavailable,
+    add_drafter_arguments,
+    build_drafter,
+    drafter_options,
+)
+
+__all__ = [
+    "DRAFTERS",
+    "PeerUnavailable",
+    "add_drafter_arguments",
+    "build_drafter",
+    "drafter_options",
+]
