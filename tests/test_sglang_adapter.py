@@ -65,6 +65,19 @@ def test_history_push_drafts_the_continuation_in_sglang_layout():
     assert mask.reshape(N, N).astype(int).tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
 
 
+def test_verified_drafts_teach_the_drafters_calibration():
+    c = corpus()
+    c.push(0, [("p", [[5, 6, 7, 8, 9]], None)])
+    c.observe("r", "p", [1, 2], [5])
+    c.draft_batch(["r"])  # drafts 6, 7, 8
+    c.observe("r", "p", [1, 2], [5, 6, 7, 3])  # SGLang accepted 6, 7 and sampled 3 instead of 8
+    table = c.drafter.calibration.table()
+    assert sum(r["nodes"] for r in table) == 3 and sum(r["nodes"] * r["accepted"] for r in table) == 2
+    assert sum(v["nodes"] for v in c.stats()["calibration"].values()) == 3
+    c.observe("r", "p", [1, 2], [5, 6, 7, 3, 4])  # no draft in between: nothing more to learn
+    assert sum(r["nodes"] for r in c.drafter.calibration.table()) == 3
+
+
 def test_unknown_prompt_gets_padding_only():
     c = corpus()
     c.push(0, [("p", [[5, 6, 7, 8]], None)])

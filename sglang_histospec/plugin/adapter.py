@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter, pack_draft
+from sglang_histospec.drafting import Draft, DrafterConfig, HistoSpecDrafter, pack_draft
+from sglang_histospec.drafting.types import accepted_path
 
 PROMPT_ID_KEY = "prompt_id"
 """Key of the prompt (group) id in ``sampling_params.custom_params``."""
@@ -97,6 +98,7 @@ class _Live:
     prompt_id: str
     known: int  # committed output tokens already given to the drafter
     last: int  # the last committed token (prompt's last token before any output)
+    draft: Draft | None = None  # the last draft sent to SGLang, verified by the next committed tokens
 
 
 class HistorySpecCorpus:
@@ -131,6 +133,11 @@ class HistorySpecCorpus:
             self.counters["requests"] += 1
         if n_out > live.known:
             new = [int(t) for t in output_tokens[live.known :]]
+            if live.draft is not None:  # what SGLang accepted of our last draft teaches the drafter's calibration
+                hit = np.zeros(len(live.draft), dtype=bool)
+                hit[accepted_path(live.draft.token_ids, live.draft.parents, new)] = True
+                self.drafter.calibration.observe_draft(live.draft, hit)
+                live.draft = None
             self.drafter.extend(rid, new)
             live.known = n_out
             live.last = new[-1]
@@ -148,7 +155,11 @@ class HistorySpecCorpus:
             raise ValueError(f"draft_batch: requests {missing[:3]} were never observed; call observe() first")
         drafts = self.drafter.draft_batch(list(rids), [n - 1] * bs)
         for b, (rid, draft) in enumerate(zip(rids, drafts)):
-            packed = pack_draft(draft, self._live[rid].last, n)
+            live = self._live[rid]
+            packed = pack_draft(draft, live.last, n)
+            real = min(len(draft), n - 1)  # the BFS prefix pack_draft kept
+            live.draft = Draft(draft.token_ids[:real], draft.parents[:real], draft.probs[:real],
+                               draft.match_len, draft.source) if real else None  # fmt: skip
             tokens[b] = packed.tokens
             mask[b] = packed.mask
         return tokens.reshape(-1), mask.reshape(-1)
@@ -202,4 +213,5 @@ class HistorySpecCorpus:
         out.update({f"adapter_{k}": v for k, v in self.counters.items()})
         out["live_requests"] = len(self._live)
         out["num_draft_tokens"] = self.config.num_draft_tokens
+        out["calibration"] = self.drafter.calibration.by_source()
         return out
