@@ -55,8 +55,9 @@ def test_docstring_example():
 def test_conditional_probabilities_and_what_teaches():
     # root -> 5 (0.8) -> 6 (0.4); root -> 7 (0.2)
     d = Draft([5, 7, 6], [-1, -1, 0], [0.8, 0.2, 0.4], match_len=2, source="siblings")
-    cond, parents = DraftCalibration.conditional(d)
-    assert cond.tolist() == pytest.approx([0.8, 0.2, 0.5]) and parents.tolist() == [-1, -1, 0]
+    cond, parents, keys = DraftCalibration.flatten([d, d], [3, 2])  # the second cut to its first 2 nodes
+    assert cond.tolist() == pytest.approx([0.8, 0.2, 0.5, 0.8, 0.2]) and parents.tolist() == [-1, -1, 0, -1, -1]
+    assert keys.tolist() == [draft_key("siblings", 2)] * 5
     cal = DraftCalibration(CalibrationConfig(half_life_nodes=math.inf))
     cal.observe_draft(d, [False, True, False])  # node 2's parent was rejected: it teaches nothing
     assert sum(r["nodes"] for r in cal.table()) == 2
@@ -126,6 +127,35 @@ def test_decay_halves_weight_after_half_life():
     assert row["nodes"] == pytest.approx(1.5) and row["accepted"] == pytest.approx(0.5 / 1.5)
     cal.observe(np.array([]), np.array([], dtype=np.int64), np.array([], dtype=bool))  # nothing observed: no decay
     assert cal.table()[0]["nodes"] == pytest.approx(1.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=5), st.integers(0, 2**31 - 1))
+def test_batched_calibration_matches_one_draft_at_a_time(sizes, seed):
+    rng = np.random.default_rng(seed)
+    drafts = []
+    for n in sizes:  # random BFS-ordered trees with path probabilities falling along each path
+        parents = [-1 if i == 0 or rng.random() < 0.3 else int(rng.integers(0, i)) for i in range(n)]
+        probs = []
+        for p in parents:
+            probs.append(float((1.0 if p < 0 else probs[p]) * rng.uniform(0.05, 1.0)))
+        drafts.append(Draft(list(range(n)), parents, probs, int(rng.integers(0, 12)), "mixed"))
+    cal = DraftCalibration()
+    for d in drafts:  # some data first, so that keys and bins differ
+        cal.observe_draft(d, rng.random(len(d)) < 0.5)
+    batched = cal.calibrate_drafts(drafts)
+    one = np.concatenate([np.asarray(_slow_path_product(cal, d)) for d in drafts] or [np.zeros(0)])
+    np.testing.assert_allclose(batched, one, rtol=1e-12)
+
+
+def _slow_path_product(cal: DraftCalibration, d: Draft) -> list[float]:
+    """Reference: calibrated conditionals multiplied along each path, one node at a time."""
+    cond, parents, keys = cal.flatten([d])
+    q = cal.calibrate(cond, keys)
+    out: list[float] = []
+    for i, par in enumerate(parents.tolist()):
+        out.append(float(q[i]) * (out[par] if par >= 0 else 1.0))
+    return out
 
 
 def test_prior_trusts_an_unmeasured_drafter_little():

@@ -112,32 +112,54 @@ class DraftCalibration:
         np.add.at(self._accepted, (keys[accepted], b[accepted]), 1.0)
 
     @staticmethod
-    def conditional(draft: Draft) -> tuple[np.ndarray, np.ndarray]:  # [n] float, [n] int64 parents
-        """Each node's path probability over its parent's (children of the root: their own) and the parents."""
-        probs = np.asarray(draft.probs, dtype=np.float64)
-        parents = np.asarray(draft.parents, dtype=np.int64)
+    def flatten(
+        drafts: list[Draft], limits: list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [n] float cond, [n] int64 parents (flat, -1 = root), [n] keys
+        """The first ``limits[i]`` nodes (default all; a BFS prefix) of every draft, concatenated: each node's
+        conditional probability (its path probability over its parent's), its parent's flat index and its key."""
+        limits = [len(d) for d in drafts] if limits is None else limits
+        sizes = [min(len(d), k) for d, k in zip(drafts, limits)]
+        if not sum(sizes):
+            return np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        starts = np.cumsum([0, *sizes[:-1]])
+        probs = np.concatenate([np.asarray(d.probs[:k], dtype=np.float64) for d, k in zip(drafts, sizes)])
+        local = np.concatenate([np.asarray(d.parents[:k], dtype=np.int64) for d, k in zip(drafts, sizes)])
+        parents = np.where(local >= 0, local + np.repeat(starts, sizes), -1)
+        keys = np.repeat([draft_key(d.source, d.match_len) for d in drafts], sizes)
         above = np.where(parents >= 0, probs[np.maximum(parents, 0)], 1.0)
-        return np.minimum(probs / np.maximum(above, 1e-12), 1.0), parents
+        return np.minimum(probs / np.maximum(above, 1e-12), 1.0), parents, keys
 
-    def calibrate_draft(self, draft: Draft) -> np.ndarray:  # [len(draft)] float
-        """Expected acceptance of every node of one draft: the product of calibrated conditionals on its path."""
-        cond, parents = self.conditional(draft)
-        q = self.calibrate(cond, np.full(len(cond), draft_key(draft.source, draft.match_len)))
-        for i, par in enumerate(parents.tolist()):  # BFS order: a parent's value is final before its children
-            if par >= 0:
-                q[i] *= q[par]
+    def calibrate_drafts(self, drafts: list[Draft], limits: list[int] | None = None) -> np.ndarray:  # [n] float
+        """Expected acceptance of every node of ``flatten(drafts, limits)``: the product of calibrated
+        conditionals along its path (pointer jumping: log2(depth) vector steps)."""
+        cond, parents, keys = self.flatten(drafts, limits)
+        q = self.calibrate(cond, keys)
+        up = parents.copy()
+        while (up >= 0).any():  # q[i] holds the product over the 2^k nodes ending at i; up[i] the node above them
+            has = up >= 0
+            q = np.where(has, q * q[np.maximum(up, 0)], q)
+            up = np.where(has, up[np.maximum(up, 0)], -1)
         return q
 
-    def observe_draft(self, draft: Draft, accepted, verified=None) -> None:
-        """Learn from one verified draft: ``accepted`` [len(draft)] bool marks the accepted nodes; ``verified``
-        (default: all) the nodes that were verified (an engine's cut may drop some). A node teaches only when it
-        was verified and its parent is the root or accepted."""
+    def calibrate_draft(self, draft: Draft) -> np.ndarray:  # [len(draft)] float
+        """``calibrate_drafts`` of one draft."""
+        return self.calibrate_drafts([draft])
+
+    def observe_drafts(self, drafts: list[Draft], accepted, verified=None, limits: list[int] | None = None) -> None:
+        """Learn from verified drafts: ``accepted`` [n] bool marks the accepted nodes of ``flatten(drafts,
+        limits)``; ``verified`` (default: all) the nodes that were verified (an engine's cut may drop some). A
+        node teaches only when it was verified and its parent is the root or accepted."""
+        cond, parents, keys = self.flatten(drafts, limits)
         acc = np.asarray(accepted, dtype=bool)
-        cond, parents = self.conditional(draft)
-        seen = np.ones(len(cond), dtype=bool) if verified is None else np.asarray(verified, dtype=bool)
+        seen = np.ones(len(cond), dtype=bool) if verified is None else np.asarray(verified, dtype=bool).copy()
+        if acc.shape != cond.shape or seen.shape != cond.shape:
+            raise ValueError(f"accepted {acc.shape} / verified {seen.shape}: one flag per node of {cond.shape}")
         seen &= (parents < 0) | acc[np.maximum(parents, 0)]
-        key = draft_key(draft.source, draft.match_len)
-        self.observe(cond[seen], np.full(int(seen.sum()), key), acc[seen])
+        self.observe(cond[seen], keys[seen], acc[seen])
+
+    def observe_draft(self, draft: Draft, accepted, verified=None) -> None:
+        """``observe_drafts`` of one draft."""
+        self.observe_drafts([draft], accepted, verified)
 
     def table(self) -> list[dict[str, float | str]]:
         """One row per conditional-probability bin with data, pooled over keys: upper edge, decayed nodes, mean

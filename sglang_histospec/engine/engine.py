@@ -510,10 +510,12 @@ class Engine:
             got = self.drafter.draft_batch([running[i].req.rid for i in ask], [budgets[i] for i in ask])
             theta, scores = 0.0, [None] * len(got)
             if self._cut and self.step_cost.ready:
-                parts = [self.calibration.calibrate_draft(d)[: budgets[i]] for i, d in zip(ask, got)]
-                theta = self._threshold(np.concatenate(parts), bsz, int(pre.sum()))
+                limits = [budgets[i] for i in ask]
+                flat = self.calibration.calibrate_drafts(got, limits)
+                theta = self._threshold(flat, bsz, int(pre.sum()))
                 if theta > 0.0:
-                    scores = [part.tolist() for part in parts]
+                    sizes = [min(len(d), k) for d, k in zip(got, limits)]
+                    scores = [part.tolist() for part in np.split(flat, np.cumsum(sizes)[:-1])]
             for i, d, sc in zip(ask, got, scores):
                 if len(d):
                     toks, pars, kept = _sanitize(d, budgets[i], self.vocab_size, theta, sc)
@@ -649,24 +651,29 @@ class Engine:
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)
             )
         if self._speculate:
-            for b, (d, kept) in verified.items():  # what was accepted calibrates the drafted probabilities
-                self._learn(d, kept, outcomes[b].accepted_nodes)
+            if verified:  # what was accepted calibrates the drafted probabilities
+                self._learn(verified, outcomes)
             if ask:  # steps that drafted: a paused step has no drafting work and would bias the fit
                 self.step_cost.observe(bsz, tb.num_rows + int(pre.sum()), time.perf_counter() - started)
             elif self._pause > 0:
                 self._pause -= 1
                 self._stats["paused_steps"] += 1
-            if self.governor is not None and not pre.any():  # measured tokens/s (a merged prefill would skew it)
-                self.governor.observe(bsz, bool(ask), step_emitted, time.perf_counter() - started)
+            if self.governor is not None:  # measured tokens/s, less the modelled cost of a merged prefill
+                elapsed = time.perf_counter() - started - self.step_cost.row_cost() * int(pre.sum())
+                self.governor.observe(bsz, bool(ask), step_emitted, max(elapsed, 1e-6))
 
-    def _learn(self, draft: Draft, kept: list[int], accepted_nodes: list[int]) -> None:
-        """Teach the calibration one verified draft: ``kept`` draft nodes became tree nodes 1.., of which
-        ``accepted_nodes`` were accepted."""
-        verified = np.zeros(len(draft), dtype=bool)
-        verified[kept] = True
-        accepted = np.zeros(len(draft), dtype=bool)
-        accepted[[kept[node - 1] for node in accepted_nodes]] = True
-        self.calibration.observe_draft(draft, accepted, verified)
+    def _learn(self, verified: dict[int, tuple[Draft, list[int]]], outcomes: list) -> None:
+        """Teach the calibration this step's verified drafts: request b's ``kept`` draft nodes became its tree
+        nodes 1.., of which ``outcomes[b].accepted_nodes`` were accepted."""
+        drafts, seen, hit = [], [], []
+        for b, (d, kept) in verified.items():
+            flags = np.zeros((2, len(d)), dtype=bool)
+            flags[0, kept] = True
+            flags[1, [kept[node - 1] for node in outcomes[b].accepted_nodes]] = True
+            drafts.append(d)
+            seen.append(flags[0])
+            hit.append(flags[1])
+        self.calibration.observe_drafts(drafts, np.concatenate(hit), np.concatenate(seen))
 
     def _retire(self) -> list[GenerateResult]:
         """Remove finished requests from the running list (keeping slots contiguous) and build their results."""
