@@ -168,6 +168,10 @@ BAD_CALLS = [
     (lambda d: d.draft("r", 10**6), "budget=1000000"),
     (lambda d: d.draft_batch(["r"], [1, 2]), "budgets"),
     (lambda d: d.extend("r", [None]), "None"),
+    (lambda d: d.extend_batch(["r", "nope"], [[1], [2]]), "nope"),
+    (lambda d: d.extend_batch(["r"], [[1], [2]]), "token lists"),
+    (lambda d: d.extend_batch(["r"], [[-1]]), "-1"),
+    (lambda d: d.extend_batch(["r"], [[2**31]]), "2147483648"),
     (lambda d: d.start("r", "p", [1]), "already started"),
     (lambda d: d.start("r2", "p", None), "prompt_tokens"),
     (lambda d: d.end_step(-3), "step"),
@@ -261,6 +265,22 @@ def test_snapshot_bad_structure_refused(tmp_path, state, message):
     write_snapshot(tmp_path / "s.snap", {"open_step": 0, "recorded": [], "global": [], **state})
     with pytest.raises(ValueError, match=f"corrupt structure.*{message}"):
         HistoSpecDrafter.load(tmp_path / "s.snap", DrafterConfig(backend="python"))
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_extend_batch_is_extend_per_request(backend):
+    one, batch = drafter(backend=backend), drafter(backend=backend)
+    for d in (one, batch):
+        d.add("p", 0, [[5, 6, 7, 8, 9], [5, 6, 1, 2]])
+        d.end_step(0)
+        d.start("a", "p", [1, 2])
+        d.start("b", "p", [3])
+    steps = [(["a", "b"], [[5], [5, 6]]), (["b"], [[7]]), (["a", "b"], [[6, 1], [8]])]
+    for rids, toks in steps:
+        for r, t in zip(rids, toks):
+            one.extend(r, t)
+        batch.extend_batch(rids, toks)
+        assert [one.draft(r, 4) for r in ("a", "b")] == [batch.draft(r, 4) for r in ("a", "b")]
 
 
 def test_active_requests():

@@ -101,6 +101,10 @@ class StepCostModel:
             # without extra rows leave c at 0 (nothing is cut until drafts were measured)
             ridge = 1e-9 * max(1.0, float(np.trace(self._xx))) * np.eye(3)
             coef = np.linalg.solve(self._xx + ridge, self._xy)
+            if coef[1] < 0.0:  # a request cannot have a negative cost: refit without the per-request term
+                keep = [0, 2]
+                coef = np.zeros(3)
+                coef[keep] = np.linalg.solve((self._xx + ridge)[np.ix_(keep, keep)], self._xy[keep])
             coef[2] = max(coef[2], 0.0)  # noise can make the row term negative: no row is free of cost
             self._coef = coef
             self._stale, self._since_fit, self._fitted = False, 0, True

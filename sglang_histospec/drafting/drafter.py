@@ -383,6 +383,22 @@ class HistoSpecDrafter:
         self._known(req_id)
         self._index.extend(req_id, _check_tokens(tokens, "tokens"))
 
+    def extend_batch(self, req_ids: list[str], tokens: list[list[int]]) -> None:
+        """``extend`` for several requests at once (an engine step), validated in one pass."""
+        if len(req_ids) != len(tokens):
+            raise ValueError(f"{len(req_ids)} req_ids but {len(tokens)} token lists: pass one list per request")
+        requests = self._requests
+        if not all(r in requests for r in req_ids):
+            for r in req_ids:
+                self._known(r)
+        flat = [t for toks in tokens for t in toks]
+        if flat and not (all(type(t) is int for t in flat) and min(flat) >= 0 and max(flat) < MAX_TOKEN_ID):
+            for toks in tokens:
+                _check_tokens(toks, "tokens")
+        extend = self._index.extend
+        for r, toks in zip(req_ids, tokens):
+            extend(r, toks)
+
     def draft(self, req_id: str, budget: int) -> Draft:
         """A tree of at most ``budget`` nodes for the request's current context (``Draft.empty()`` if none)."""
         return self.draft_batch([req_id], [budget])[0]

@@ -594,7 +594,8 @@ class Engine:
             picked[row_idx] = sample_rows(probs[row_idx], torch.from_numpy(u).to(dev))
         picked_np = picked.cpu().numpy()
         outcomes = tb.walk(picked_np)
-        depths = np.maximum.reduceat(tb.depth, offsets[:-1]) if self._speculate else None
+        adaptive = self._speculate and getattr(getattr(self.budgets, "cfg", None), "policy", None) != "fixed"
+        depths = np.maximum.reduceat(tb.depth, offsets[:-1]) if adaptive else None  # fixed budgets learn nothing
         logprobs = None
         if any(st.req.return_logprob for st in running):
             flat_rows = [r for o in outcomes for r in o.rows]
@@ -604,6 +605,7 @@ class Engine:
         lp_at = 0
         step_emitted = 0
         mv_slot, mv_src, mv_dst = [], [], []
+        ext_rids, ext_tokens = [], []  # what each running request emitted, for the drafter
         for b, (st, walk) in enumerate(zip(running, outcomes)):
             accepted_nodes, tokens = walk.accepted_nodes, walk.tokens
             drafted = int(counts[b]) - 1
@@ -633,7 +635,7 @@ class Engine:
             self._stats["generated_tokens"] += emitted
             self._stats["step_tokens"] += emitted
             step_emitted += emitted
-            if self._speculate:  # the budget controller counts chain depth: the tree's depth, the accepted length
+            if depths is not None:  # the budget controller counts chain depth: the tree's depth, the accepted length
                 self.budgets.update(st.req.rid, int(depths[b]), accepted)
             if st.finish is None:
                 # compact the accepted path: node i_k's K/V (written at base + i_k) moves to base + k
@@ -645,7 +647,15 @@ class Engine:
                         mv_dst.append(root_at + k)
                 st.kv_len = root_at + 1 + len(accepted_nodes)
                 if self._speculate:
-                    self.drafter.extend(st.req.rid, tokens)
+                    ext_rids.append(st.req.rid)
+                    ext_tokens.append(tokens)
+        if ext_rids:
+            extend_batch = getattr(self.drafter, "extend_batch", None)
+            if extend_batch is not None:
+                extend_batch(ext_rids, ext_tokens)
+            else:  # a custom drafter with the core API only
+                for rid, toks in zip(ext_rids, ext_tokens):
+                    self.drafter.extend(rid, toks)
         if mv_slot:
             self._cache.move_tokens(
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)

@@ -24,12 +24,15 @@ CONTEXT = 32
 
 
 def design_points(max_batch: int, extra_per_request: int) -> list[tuple[int, int]]:
-    """(requests, extra rows per request) pairs to time: 1 and up to 8 requests, with and without drafts.
+    """(requests, extra rows per request) pairs to time: 1 request with and without a full draft, and
+    ``max_batch`` requests without drafts and with as many extra rows in all as 8 full drafts (at least 1 each).
 
-    Example: ``design_points(4, 16)`` is ``[(1, 0), (1, 16), (4, 0), (4, 16)]``.
+    Example: ``design_points(4, 16)`` is ``[(1, 0), (1, 16), (4, 0), (4, 33)]``.
     """
-    sizes = sorted({1, min(8, max_batch)})
-    return [(b, e) for b in sizes for e in (0, extra_per_request)]
+    if max_batch == 1:
+        return [(1, 0), (1, extra_per_request)]
+    wide = max(1, (8 * (1 + extra_per_request)) // max_batch - 1)
+    return [(1, 0), (1, extra_per_request), (max_batch, 0), (max_batch, wide)]
 
 
 def _verify_pass(fwd: TreeForward, cache: KVCache, batch: int, extra: int) -> None:
