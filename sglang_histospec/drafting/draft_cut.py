@@ -1,24 +1,10 @@
-"""Cost-aware draft selection: an online model of a verify step's time, and the cut that maximises tokens per second.
+"""Cost-aware draft cut: an online model of a verify step's time, and the cut that maximises tokens per second.
 
-A verify step over ``B`` requests with ``E`` extra query rows (draft nodes and merged prefill tokens, beyond the
-one root row per request) takes about
-
-    seconds = a + b * B + c * E
-
-(``a``: per-step overhead, ``b``: per request, its root row and host work, ``c``: per extra row: the forward's
-compute, nearly 0 on a GPU until it turns compute-bound, a few microseconds per row for a tiny model on a CPU). ``StepCostModel`` fits
-a, b, c online by exponentially weighted least squares over the steps an engine runs.
-
-A draft node adds one row and, in expectation, as many accepted tokens as the probability that the target emits
-the whole path to it. The drafter estimates that probability from the history's frequencies (``Draft.probs``),
-but small samples make it overconfident: on the demo's GRPO model, nodes drafted at path probability 1.0 (a
-context seen once) were accepted 23 % of the time, nodes at 0.3 about 12 %. ``ProbCalibration`` maps the
-drafter's probability to the acceptance rate observed for it (per probability bin, exponentially decayed). With
-every draft node of a step sorted by calibrated probability ``p``, keeping the ``k`` most likely gives
-
-    tokens(k) / seconds(k) = (B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k)),
-
-and ``best_cut`` returns the ``k`` that maximises it (the engine then drops a kept node whose parent was cut).
+``StepCostModel`` fits ``seconds = a + b * B + c * E`` online (B requests, E extra query rows: draft nodes and
+merged prefill tokens); ``ProbCalibration`` maps the drafter's path probability (``Draft.probs``, overconfident
+on small samples) to the acceptance rate observed for it; with the step's nodes sorted by calibrated probability
+``p``, ``best_cut`` returns the ``k`` that maximises ``(B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k))``.
+Semantics: docs/drafting.md section 10.
 
 Example::
 
