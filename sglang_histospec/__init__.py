@@ -1,9 +1,9 @@
 """sglang-histospec: RhymeRL's HistoSpec (history-based speculative decoding) and HistoPipe (history-driven
 rollout balancing) for LLM reinforcement learning.
 
-Layers (imports point down only; docs/architecture.md): ``drafting``, ``pipe``, ``trace`` (pure) <- ``replay``,
-``models``, ``engine``, ``plugin`` <- ``server``, ``router`` <- ``trl_integration`` <- ``demo``, ``commands``,
-``cli``, notebooks.
+Layers (imports point down only; docs/architecture.md, checked by tests/test_layering.py): ``drafting`` <-
+``pipe``, ``trace`` <- ``replay``, ``models``, ``engine``, ``plugin`` <- ``server`` <- ``router`` <-
+``trl_integration`` <- ``demo`` <- ``commands`` <- ``cli``.
 """
 
 from sglang_histospec import _moved

@@ -12,7 +12,7 @@ _ENV_AT_START = dict(os.environ)  # before anything of ours is imported
 
 import pytest  # noqa: E402
 
-from tests.engine_tools import torch_threads  # noqa: E402
+from tests.helpers.engine_tools import torch_threads  # noqa: E402
 
 # Set by libraries themselves when imported (torch's inductor picks its cache directory at import).
 _SET_BY_LIBRARIES = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
@@ -31,15 +31,15 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
-    """Torch on one CPU thread for the whole module (see ``tests.engine_tools.torch_threads``)."""
+    """Torch on one CPU thread for the whole module (see ``tests.helpers.engine_tools.torch_threads``)."""
     with torch_threads(1):
         yield
 
 
 @pytest.fixture
 def trl_env(monkeypatch):
-    """The offline environment of TRL tests (``tests.trl_harness.ENV``) for one test, undone afterwards."""
-    from tests.trl_harness import ENV
+    """The offline environment of TRL tests (``tests.helpers.trl_harness.ENV``) for one test, undone afterwards."""
+    from tests.helpers.trl_harness import ENV
 
     for key, value in ENV.items():
         monkeypatch.setenv(key, value)

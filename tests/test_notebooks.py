@@ -21,7 +21,7 @@ import pytest
 from sglang_histospec.demo import model as demo_model
 from sglang_histospec.demo.task import TaskConfig
 from sglang_histospec.trace.synth import SynthConfig, write_synthetic
-from tests.demo_tools import TINY
+from tests.helpers.demo_tools import TINY
 
 NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 

@@ -2,7 +2,7 @@
 
 Example: ``histospec pipe simulate run.jsonl.gz --workers 8 --policy histopipe --overlap --json``.
 The last stdout line (``--json``) holds ``policy, workers, steps, makespan, lower_bound, idle_fraction,
-tail_share, migrations`` (design.md section 5) plus ``overlap``, ``bound_gap`` and ``per_step``. The model and
+tail_share, migrations`` plus ``overlap``, ``bound_gap`` and ``per_step``. The model and
 the metrics are defined in ``sglang_histospec/pipe/simulator.py``; ``--overlap`` runs one step off-policy.
 """
 
@@ -104,7 +104,7 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.pipe.planner import POLICIES
 
-    parser.add_argument("trace", help="rollout trace (.jsonl or .jsonl.gz, design.md section 3)")
+    parser.add_argument("trace", help="rollout trace (.jsonl or .jsonl.gz, docs/replay.md section 1)")
     parser.add_argument("--workers", type=int, default=8, help="rollout workers (W)")
     parser.add_argument("--policy", choices=POLICIES, default="histopipe")
     parser.add_argument("--overlap", action="store_true", help="one-step overlap (ONE STEP OFF-POLICY; opt-in)")

@@ -2,7 +2,7 @@
 
 Example: ``histospec replay run.jsonl.gz --drafter histospec --budget 8 --json``. The last stdout line
 (``--json``) holds ``drafter, budget, responses, tokens, verify_steps, tau, drafted, accepted, accept_rate,
-oracle_tau, draft_us_p50, draft_us_p99`` (design.md section 4), ``est_speedup`` (always: with ``--verify-cost
+oracle_tau, draft_us_p50, draft_us_p99`` (docs/replay.md section 4), ``est_speedup`` (always: with ``--verify-cost
 FILE`` or the built-in default table, named in ``verify_cost``), plus ``trace_sorted``, ``wall_s``,
 ``tokens_per_min`` and, with ``--per-step``, ``per_step``. Semantics and proofs: docs/replay.md.
 """
@@ -20,7 +20,7 @@ HELP = "replay a trace with a drafter: exact tau, acceptance and the history ora
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.replay.drafters.registry import DRAFTERS, add_drafter_arguments
 
-    parser.add_argument("trace", help="JSONL(.gz) trace (design.md section 3)")
+    parser.add_argument("trace", help="JSONL(.gz) trace (docs/replay.md section 1)")
     parser.add_argument("--drafter", required=True, choices=DRAFTERS, help="which drafter to replay")
     parser.add_argument("--budget", type=int, required=True, help="N: at most N draft nodes per verify step")
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")

@@ -1,19 +1,10 @@
-"""Per-request draft budgets: AIMD windows, a batch-size cap from a verify-cost table, length classes.
+"""Per-request draft budgets: AIMD windows and a batch-size cap from a verify-cost table.
 
-Policies (``BudgetConfig.policy``):
-
-* ``paper`` (RhymeRL paper): start 2; +2 when the whole draft was accepted; back to 2 on a rejection; cap 32.
-  A step without a draft leaves the budget unchanged.
-* ``released`` (RhymeRL's released code): start 2; x2 when ``accepted >= budget`` (a full-length draft fully
-  accepted), else /2; within [2, 16]. A draft shorter than the budget therefore halves it, as there.
-* ``fixed``: always ``fixed``.
-
-On top, ``step_budgets(req_ids, batch_size)`` applies per request a length-class factor (DAS-style: requests
-predicted to be short get ``short_scale`` x, long ones ``long_scale`` x) and caps every request at
-``batch_cap(batch_size)``: the largest k such that verifying k draft nodes plus the root costs at most
-``cost_limit`` plain decode steps at that batch size, per ``VerifyCostTable`` (built-in default: the roofline
-model of ``verifycost.py``; pass a measured table for real use). With the default table and ``cost_limit``
-1.25 the cap is 25 nodes at batch 1, 3 at batch 64 and 0 (no drafting) at batch 256.
+Policies (``BudgetConfig.policy``): ``paper`` (RhymeRL's paper: start 2, +2 after a fully accepted draft, back
+to 2 on a rejection, cap 32), ``released`` (RhymeRL's code: x2 when ``accepted >= budget``, else /2, within
+[2, 16]) and ``fixed``. ``step_budgets(req_ids, batch_size)`` caps every window at ``batch_cap(batch_size)``,
+the largest k whose verify pass (k nodes + root) costs at most ``cost_limit`` plain decode steps per the
+``VerifyCostTable``. Exact rules: docs/drafting.md section 10.
 
 Example::
 
@@ -53,19 +44,11 @@ class BudgetConfig:
     """Per-request cap: verifying k nodes + root may cost at most this many plain decode steps; None = no cap."""
     verify_cost: object | None = None
     """A ``VerifyCostTable`` (anything with ``cost(k, b)``); None = ``VerifyCostTable.default()``."""
-    short_tokens: int = 256
-    """Requests predicted to generate fewer tokens than this are "short"."""
-    short_scale: float = 0.5
-    """Budget factor of short requests (0.0 = no drafting for them)."""
-    long_tokens: int = 4096
-    """Requests predicted to generate at least this many tokens are "long"."""
-    long_scale: float = 2.0
-    """Budget factor of long requests."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"BudgetConfig.policy={self.policy!r}: expected one of {POLICIES}")
-        for name in ("start", "increase", "min_budget", "max_budget", "fixed", "short_tokens", "long_tokens"):
+        for name in ("start", "increase", "min_budget", "max_budget", "fixed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > MAX_BUDGET * 1000:
                 raise ValueError(f"BudgetConfig.{name}={v!r}: expected a non-negative int")
@@ -78,10 +61,6 @@ class BudgetConfig:
             )
         if self.cost_limit is not None and not self.cost_limit >= 1.0:
             raise ValueError(f"BudgetConfig.cost_limit={self.cost_limit!r}: expected None or a float >= 1.0")
-        for name in ("short_scale", "long_scale"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not 0.0 <= v <= 16.0:
-                raise ValueError(f"BudgetConfig.{name}={v!r}: expected a float in [0, 16]")
 
     @classmethod
     def paper(cls, **kw) -> BudgetConfig:
@@ -98,7 +77,6 @@ class BudgetController:
     def __init__(self, cfg: BudgetConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else BudgetConfig()
         self._budget: dict[str, int] = {}
-        self._scale: dict[str, float] = {}
         self._caps: dict[int, int] = {}
         self._lock = threading.Lock()
         self._table = self.cfg.verify_cost
@@ -108,7 +86,7 @@ class BudgetController:
             self._table = VerifyCostTable.default()
 
     def get(self, req_id: str) -> int:
-        """The request's current window (before batch cap and length class)."""
+        """The request's current window (before the batch cap)."""
         if self.cfg.policy == "fixed":
             return self.cfg.fixed
         with self._lock:
@@ -133,22 +111,9 @@ class BudgetController:
                 b = min(2 * b, c.max_budget) if accepted >= b else max(c.min_budget, b // 2)
             self._budget[req_id] = b
 
-    def set_prediction(self, req_id: str, predicted_tokens: int | None) -> None:
-        """Length class from a predicted response length (None clears it)."""
-        with self._lock:
-            if predicted_tokens is None:
-                self._scale.pop(req_id, None)
-            elif predicted_tokens < self.cfg.short_tokens:
-                self._scale[req_id] = self.cfg.short_scale
-            elif predicted_tokens >= self.cfg.long_tokens:
-                self._scale[req_id] = self.cfg.long_scale
-            else:
-                self._scale[req_id] = 1.0
-
     def remove(self, req_id: str) -> None:
         with self._lock:
             self._budget.pop(req_id, None)
-            self._scale.pop(req_id, None)
 
     def batch_cap(self, batch_size: int) -> int:
         """Largest k with cost(k + 1, batch_size) <= cost_limit (MAX_BUDGET when there is no limit)."""
@@ -169,13 +134,9 @@ class BudgetController:
         return batch_size * self.batch_cap(batch_size)
 
     def step_budgets(self, req_ids: list[str], batch_size: int | None = None) -> list[int]:
-        """Budgets for one engine step: window x length-class factor, capped by ``batch_cap(batch_size)``.
+        """Budgets for one engine step: each request's window, capped by ``batch_cap(batch_size)``.
 
         ``batch_size`` defaults to ``len(req_ids)``.
         """
         cap = self.batch_cap(len(req_ids) if batch_size is None else batch_size) if req_ids else 0
-        out = []
-        for r in req_ids:
-            scale = self._scale.get(r, 1.0)
-            out.append(min(cap, MAX_BUDGET, int(self.get(r) * scale + 0.5)))
-        return out
+        return [min(cap, self.get(r)) for r in req_ids]

@@ -1,22 +1,10 @@
-"""Cost-aware draft selection: an online model of a verify step's time, and the cut that maximises tokens per second.
+"""Cost-aware draft cut: an online model of a verify step's time, and the cut that maximises tokens per second.
 
-A verify step over ``B`` requests with ``E`` extra query rows (draft nodes and merged prefill tokens, beyond the
-one root row per request) takes about
-
-    seconds = a + b * B + c * E
-
-(``a``: per-step overhead, ``b``: per request, its root row and host work, ``c``: per extra row: the forward's
-compute, nearly 0 on a GPU until it turns compute-bound). ``StepCostModel`` fits a, b, c online by exponentially
-weighted least squares over the steps an engine runs (seeded by the engine's profile, ``engine/profile.py``).
-
-A draft node adds one row and, in expectation, as many accepted tokens as the probability that the target emits
-the whole path to it. The drafter's path probabilities (``Draft.probs``) are overconfident;
-``drafting/calibration.py`` maps them to the acceptance observed for them. With every draft node of a step sorted by
-calibrated probability ``p``, keeping the ``k`` most likely gives
-
-    tokens(k) / seconds(k) = (B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k)),
-
-and ``best_cut`` returns the ``k`` that maximises it (the engine then drops a kept node whose parent was cut).
+``StepCostModel`` fits ``seconds = a + b * B + c * E`` online (B requests, E extra query rows: draft nodes and
+merged prefill tokens), seeded by the engine's profile (``engine/profile.py``); ``drafting/calibration.py`` turns
+the drafter's path probabilities (``Draft.probs``, overconfident on small samples) into expected acceptances; with
+the step's nodes sorted by that expectation ``p``, ``best_cut`` returns the ``k`` that maximises
+``(B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k))``. Semantics: docs/drafting.md section 10.
 
 Example::
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,8 +56,8 @@ class DrafterConfig:
     """True: counts sum the weights of all occurrences; False: the largest single occurrence weight decides."""
     sources: tuple[str, ...] = ("history", "siblings", "self", "global")
     """Enabled draft sources, a subset of ("history", "siblings", "self", "global"); their drafts are merged into
-    one tree with averaged path probabilities (docs/drafting.md section 6). All four measured best on the demo's
-    real traces (docs/benchmarks.md "Drafter quality")."""
+    one tree with averaged path probabilities (docs/drafting.md section 6; docs/benchmarks.md "Drafter quality"
+    compares subsets)."""
     capacity_tokens: int = 50_000_000
     """History capacity in tokens (tails included); least-recently-used prompts are evicted whole beyond it."""
     max_prompts: int = 1_000_000
@@ -502,9 +502,6 @@ class HistoSpecDrafter:
             if g != self._global_tokens or g > self.cfg.global_capacity_tokens:
                 return f"global tokens {self._global_tokens} (recount {g}) inconsistent or over capacity"
         return self._index.check_integrity()
-
-    def config_dict(self) -> dict:
-        return asdict(self.cfg)
 
     # ---- snapshot ------------------------------------------------------------------------------------------
     def snapshot(self, path, extra: dict | None = None) -> None:

@@ -19,8 +19,6 @@ import heapq
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, ROOT, SOURCES, WEIGHT_ONE
 
 __all__ = ["MAX_BUDGET", "SOURCES", "WEIGHT_ONE", "DraftTuple", "ReferenceIndex", "merge_drafts"]
@@ -338,8 +336,3 @@ def merge_drafts(cands: list[DraftTuple], budget: int) -> DraftTuple:
     parents = [out_index[nodes[v][1]] if nodes[v][1] != ROOT else ROOT for v in order]
     probs = [nodes[v][2] / kf for v in order]
     return tokens, parents, probs, max(c[3] for c in cands), "mixed"
-
-
-def sequences_to_arrays(seqs) -> list[np.ndarray]:
-    """Convert token lists to the backend's sequence type (1-D C-contiguous int32 arrays)."""
-    return [np.ascontiguousarray(np.asarray(s, dtype=np.int32)) for s in seqs]

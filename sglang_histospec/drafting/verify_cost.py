@@ -1,22 +1,9 @@
-"""Relative cost of one verify forward pass over k tokens per request at batch size b (for est_speedup).
+"""Relative cost of one verify forward pass over k tokens per request at batch size b (for est_speedup, budgets).
 
-``cost(k, b)`` is the time of a forward pass in which each of b requests carries k query tokens (the root plus
-k - 1 draft nodes), divided by the time of a plain decode pass (k = 1) at the same batch size; so cost(1, b) = 1.
-
-File format (``histospec replay --verify-cost FILE``), JSON::
-
-    {"batches": {"1": {"1": 1.0, "4": 1.03, "16": 1.12, "64": 1.9},
-                 "64": {"1": 1.0, "4": 1.6, "16": 4.5}}}
-
-Batch sizes and k are JSON object keys (strings of ints). Between listed k the cost is interpolated linearly,
-past the last one extrapolated linearly from the last two points (flat if only one); a batch size that is not
-listed uses the largest listed batch size <= b (the smallest listed one if none is smaller). Costs must be
-> 0 and non-decreasing in k; they are divided by the row's cost at k = 1.
-
-Built-in default (``DEFAULT_TABLE``, used when no file is given) is a *model*, not a measurement: a roofline in
-which a pass costs max(1 + 0.01 (k - 1), b k / 256) / max(1, b / 256): memory-bound (weights read once, about 1 %
-extra per extra query token for KV and sampling work) until the batch carries 256 tokens, compute-bound after.
-It is of the order of a 7-8B model in bf16 on one H100; measure your own table for real claims.
+``cost(k, b)``: the time of a pass in which each of b requests carries k query tokens (root + k - 1 draft
+nodes) over a plain decode pass at the same batch size, so ``cost(1, b) = 1``. The file format of
+``histospec replay --verify-cost FILE``, the interpolation rules and the built-in default (``DEFAULT_TABLE``, a
+roofline *model*, not a measurement) are in docs/replay.md section 5.
 
 Example::
 

@@ -121,7 +121,7 @@ class PipeSimResult:
         return sum(s.makespan for s in warm) / sum(s.lower_bound for s in warm) - 1.0
 
     def to_json(self) -> dict:
-        """The contract of ``histospec pipe simulate --json`` (design.md section 5) plus details."""
+        """The ``histospec pipe simulate --json`` object: the metrics of the module docstring plus details."""
         return {
             "policy": self.policy,
             "workers": self.workers,

@@ -1,21 +1,10 @@
-"""Exact offline replay of a drafter on a recorded trace (docs/replay.md; design.md section 4).
+"""Exact offline replay of a drafter on a recorded trace, and the oracle that bounds it (docs/replay.md).
 
-Steps are replayed in increasing order. Within a step, responses are decoded one after the other in the
-*sibling order*: shorter first, ties by sample index, then by the prompt's first appearance in the step; a
-response counts as finished (visible to the ``siblings`` / live ``global`` sources) for every response after it
-in that order. After the last response of step s the drafter's ``end_step`` turns the step's responses (with
-rewards) into history, so step s + 1 sees them (within the drafter's window).
-
-Each response is decoded against its realized tokens: at each verify step the drafter proposes a tree of at
-most ``budget`` nodes for the current context; the accepted length ``a`` is the number of nodes on the longest
-root path whose tokens equal the next realized tokens (children tried in their order in the draft); the step
-emits ``min(a + 1, remaining)`` tokens (the accepted path plus the bonus token, fewer at the end).
-
-Metrics: ``tau = tokens / verify_steps``; ``accept_rate = accepted / drafted`` (0 when nothing was drafted);
-``oracle_tau``: the same decoding with, at every verify step, ``a`` = the longest prefix (at most budget) of the
-realized continuation that occurs anywhere in the sources the drafter may use (docs/replay.md proves it bounds
-every drafter restricted to those sources from above); ``draft_us_p50/p99``: wall time per ``draft`` call;
-``est_speedup = tokens / sum over verify steps of cost(1 + drafted, batch)`` with a ``VerifyCostTable``.
+Steps in increasing order; within a step responses are decoded one after the other in the *sibling order*
+(``sibling_order``); after a step the drafter's ``end_step`` turns its responses into history. Each verify step
+drafts at most ``budget`` nodes, accepts the longest root path equal to the realized tokens
+(``accept_length``) and emits it plus the bonus token. Semantics: docs/replay.md section 3; the metrics
+(``tau``, ``accept_rate``, ``oracle_tau``, ``draft_us_p50/p99``, ``est_speedup``): sections 4-6.
 
 Example (``NoneDrafter`` never drafts, so every verify step emits exactly one token)::
 

@@ -917,13 +917,3 @@ def join_generate_items(items: list[dict[str, Any]]) -> dict[str, Any]:
     if "input_ids" not in body and "text" not in body:
         raise RouterError(400, "items need 'input_ids' or 'text'")
     return body
-
-
-def wait_for_backends(router: Router, timeout: float = 60.0) -> None:
-    """Block until every backend answers /health (for scripts and tests)."""
-    deadline = time.monotonic() + timeout
-    while not all(router.check_health()):
-        if time.monotonic() > deadline:
-            down = [b.url for b in router.backends if not b.healthy]
-            raise TimeoutError(f"backends not ready after {timeout} s: {down}")
-        time.sleep(0.2)

@@ -1,4 +1,4 @@
-"""The HTTP API (design.md section 6) over any ``Backend``: FastAPI routes, validation, auth, errors; no torch.
+"""The HTTP API (README.md, "HTTP server") over any ``Backend``: FastAPI routes, validation, auth, errors; no torch.
 
 Routes: ``POST /generate`` (SGLang's native shapes), ``POST /histospec/history``, ``POST /histospec/end_step``,
 ``GET /histospec/stats``, ``GET /metrics``, ``GET /health``, ``GET /get_model_info`` (also ``/model_info``),

@@ -136,9 +136,6 @@ class EngineLoop:
         """Abort every queued or running request (their results come back with finish type "abort")."""
         return self.call(lambda engine: sum(bool(engine.abort(rid)) for rid in list(self._pending)))
 
-    def num_pending(self) -> int:
-        return len(self._pending)
-
     def stop(self, timeout: float = 30.0) -> None:
         """Abort what runs, write the final snapshot, end the thread."""
         with self._cond:

@@ -1,20 +1,12 @@
 """Rollout traces on disk: JSON Lines (optionally gzip), one object per generated response.
 
-Schema (docs/replay.md, design.md section 3)::
+Schema, errors and order rules: docs/replay.md section 1::
 
     {"step": 3, "epoch": 1, "prompt_id": "gsm-0017", "sample": 5,
      "prompt": [token ids], "response": [token ids], "reward": 1.0}
 
-``step`` (int >= 0), ``prompt_id`` (non-empty str), ``sample`` (int >= 0), ``prompt`` and ``response`` (lists of
-token ids in [0, 2**31)) are required; ``epoch`` (int >= 0) and ``reward`` (number) are optional and may be null.
-Unknown keys are ignored (forward compatible). A malformed line raises ``TraceError`` (a ``ValueError``) naming
-the file, the 1-based line number and the field at fault.
-
-Order. Writers emit records grouped by step in increasing step order. Readers stream records as they are
-(``read_trace``). ``iter_steps`` yields one ``TraceStep`` per step and needs sorted input: a step that goes
-backwards raises ``TraceError`` (never a silent mis-replay); ``load_steps`` accepts any order, sorts the steps
-in memory (records of a step keep their file order) and says whether the file was sorted. Two records with the
-same (step, prompt_id, sample) are an error, and so are two different prompts under one prompt_id in one step.
+A malformed line raises ``TraceError`` (a ``ValueError``) naming the file, the line and the field.
+``read_trace`` streams records; ``iter_steps`` streams steps of a sorted trace; ``load_steps`` sorts any order.
 
 Example::
 

@@ -1,0 +1,51 @@
+"""The engine's start-up profile: its design points, the timed passes, and a cut that is in force at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_histospec.engine import EngineConfig
+from sglang_histospec.engine.engine import Engine
+from sglang_histospec.engine.profile import design_points, profile_verify
+from tests.helpers.engine_tools import torch_threads
+from tests.helpers.tiny import make_tiny_model_dir
+
+
+@pytest.mark.parametrize(
+    "max_batch, extra, expected",
+    [
+        (1, 16, [(1, 0), (1, 16)]),
+        (4, 16, [(1, 0), (1, 16), (4, 0), (4, 33)]),
+        (64, 16, [(1, 0), (1, 16), (64, 0), (64, 1)]),  # as many extra rows as 8 full drafts, at least 1 each
+    ],
+)
+def test_design_points(max_batch, extra, expected):
+    assert design_points(max_batch, extra) == expected
+
+
+def test_profile_times_every_point_after_a_warm_up(tmp_path):
+    with torch_threads(1):
+        engine = Engine(EngineConfig(model_path=make_tiny_model_dir(tmp_path / "m"), max_running_requests=4))
+        got = profile_verify(engine._fwd, engine._cache, max_batch=4, extra_per_request=8, rounds=2)
+    assert [(b, r) for b, r, _ in got] == [
+        (1, 1),
+        (1, 9),
+        (4, 4),
+        (4, 4 * 18),
+    ] * 2  # 8 full drafts of 9 rows over 4 requests
+    assert all(s > 0 for _, _, s in got)
+    with pytest.raises(ValueError, match="max_batch=0"):
+        profile_verify(engine._fwd, engine._cache, max_batch=0, extra_per_request=8)
+
+
+@pytest.mark.parametrize("selection, ready", [("cost", True), ("all", False)])
+def test_the_cut_is_ready_before_the_first_step(tmp_path, selection, ready):
+    with torch_threads(1):
+        engine = Engine(
+            EngineConfig(
+                model_path=make_tiny_model_dir(tmp_path / "m"), max_running_requests=8, draft_selection=selection
+            )
+        )
+    assert engine.step_cost.ready is ready
+    if ready:
+        assert engine.step_cost.row_cost() >= 0.0 and engine.step_cost.base_cost(8) > 0.0

@@ -1,0 +1,1 @@
+"""Test helpers shared by the test folders: tiny models, engine stubs, server and TRL harnesses."""

@@ -1,0 +1,1 @@
+"""Tests of sglang-histospec; the folders mirror the package."""
