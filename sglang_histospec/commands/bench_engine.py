@@ -3,10 +3,11 @@
 Workload: a fixed prompt set repeated every epoch (an RL rollout without weight updates), ``--group-size``
 samples per prompt at temperature 1, ``--batch`` requests decoded together. Epoch 0 fills the history (the
 HistoSpec engine records its own finished responses, ``end_step`` closes each epoch); epochs 1.. are measured.
-Both engines first warm up on a few short requests. In every epoch the three systems run the same requests one
-after the other (same seeds for the two engine runs), so the ratios come from one run under the same machine
-load. The JSON reports medians over the measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU
-second of the process (``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine), and beside them
+Both engines first warm up on a few short requests. In every epoch the three systems run the same requests (same
+seeds for the two engines); the two engines take decode steps in turn (``--sequential``: one whole epoch after
+the other), so that the machine's load changes hit both alike, then transformers ``generate`` runs. The JSON
+reports medians over the measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU second of the
+process (``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine), and beside them
 ``speedup_cold`` (epoch 0: no history yet) and ``speedup_min`` (the worst epoch, epoch 0 included). ``--batch
 1,4,16,64`` runs the workload at each batch size: ``{"sweep": [one result per batch], "speedup_min": ...}``.
 Diagnostics: ``step_cost_ratio`` (wall
@@ -29,6 +30,8 @@ import json
 import statistics
 import sys
 import time
+
+from sglang_histospec.drafting.types import tau
 
 COMMAND = ("bench", "engine")
 HELP = "Tokens/s of the embedded engine with HistoSpec, without, and of transformers generate (repeated prompts)."
@@ -85,6 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="run each engine's whole epoch in turn (default: the two engines take decode steps in turn)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
 
@@ -115,10 +123,10 @@ def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int
     return [f"rand-{i}" for i in range(args.num_prompts)], ids, "random token prompts"
 
 
-def _engine_epoch(engine, prompt_ids, token_ids, args, epoch: int) -> tuple[float, int, dict]:
+def _epoch_requests(prompt_ids, token_ids, args, epoch: int) -> list:
     from sglang_histospec.engine import GenerateRequest, SamplingParams
 
-    reqs = [
+    return [
         GenerateRequest(
             rid=f"e{epoch}-{pid}-{k}",
             input_ids=toks,
@@ -132,28 +140,45 @@ def _engine_epoch(engine, prompt_ids, token_ids, args, epoch: int) -> tuple[floa
         for i, (pid, toks) in enumerate(zip(prompt_ids, token_ids))
         for k in range(args.group_size)
     ]
-    before = engine.stats()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    results = engine.generate(reqs)
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    after = engine.stats()
-    engine.drafter.end_step(epoch)
-    tokens = sum(r.completion_tokens for r in results)
-    steps = sum(r.spec_verify_ct for r in results)
-    forwards = after["forward_passes"] - before["forward_passes"]
-    return (
-        wall,
-        tokens,
-        {
-            "cpu_s": cpu,
-            "tau": tokens / steps if steps else 0.0,
-            "accepted": after["accepted_tokens"] - before["accepted_tokens"],
-            "drafted": after["draft_tokens"] - before["draft_tokens"],
+
+
+def _engines_epoch(engines: list, prompt_ids, token_ids, args, epoch: int) -> list[tuple[float, int, dict]]:
+    """One epoch's requests on every engine: ``(seconds, tokens, info)`` each. Interleaved (the default), the
+    engines take steps in turn, so that a change in the machine's load hits all of them alike; with
+    ``--sequential`` each runs the whole epoch before the next. Seconds are the sums of each engine's step times."""
+    wall, cpu = [0.0] * len(engines), [0.0] * len(engines)
+    results: list[list] = [[] for _ in engines]
+    before = [e.stats() for e in engines]
+    for e in engines:
+        for r in _epoch_requests(prompt_ids, token_ids, args, epoch):
+            e.add_request(r)
+    order = [list(range(len(engines)))] if not args.sequential else [[i] for i in range(len(engines))]
+    for group in order:
+        while any(engines[i].has_unfinished() for i in group):
+            for i in group:
+                if engines[i].has_unfinished():
+                    t, c = time.perf_counter(), time.process_time()
+                    results[i].extend(engines[i].step())
+                    wall[i] += time.perf_counter() - t
+                    cpu[i] += time.process_time() - c
+    out = []
+    for e, res, b, w, c in zip(engines, results, before, wall, cpu):
+        after = e.stats()
+        e.drafter.end_step(epoch)
+        tokens = sum(r.completion_tokens for r in res)
+        steps = sum(r.spec_verify_ct for r in res)
+        forwards = after["forward_passes"] - b["forward_passes"]
+        info = {
+            "cpu_s": c,
+            "tau": tau(tokens, steps),
+            "accepted": after["accepted_tokens"] - b["accepted_tokens"],
+            "drafted": after["draft_tokens"] - b["draft_tokens"],
             "forwards": forwards,
-            "ms_per_forward": 1e3 * wall / forwards if forwards else 0.0,
-            "results": results,
-        },
-    )
+            "ms_per_forward": 1e3 * w / forwards if forwards else 0.0,
+            "results": res,
+        }
+        out.append((w, tokens, info))
+    return out
 
 
 def _mean_entropy(model, token_ids, results, group_size: int, temperature: float) -> float | None:
@@ -275,8 +300,9 @@ def _run_batch(args, batch: int, model_label: str, budget) -> dict:
     rows = []
     last_plain = None
     for epoch in range(args.epochs):
-        s_wall, s_tok, s_info = _engine_epoch(spec, prompt_ids, token_ids, args, epoch)
-        p_wall, p_tok, p_info = _engine_epoch(plain, prompt_ids, token_ids, args, epoch)
+        (s_wall, s_tok, s_info), (p_wall, p_tok, p_info) = _engines_epoch(
+            [spec, plain], prompt_ids, token_ids, args, epoch
+        )
         last_plain = p_info.pop("results")
         s_info.pop("results")
         h_wall, h_tok, h_cpu = (

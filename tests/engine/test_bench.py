@@ -58,7 +58,7 @@ def test_bench_engine_demo_model_choices():
 def test_bench_engine_on_a_chat_task_family(tmp_path, capsys):
     path = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=96, seed=0)
     argv = ["bench", "engine", "--model", path, "--task", "units", "--epochs", "2", "--num-prompts", "2"]
-    argv += ["--group-size", "2", "--batch", "2", "--max-new-tokens", "4", "--no-hf", "--json"]
+    argv += ["--group-size", "2", "--batch", "2", "--max-new-tokens", "4", "--no-hf", "--sequential", "--json"]
     with torch_threads(1):
         assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
