@@ -32,7 +32,7 @@ class StepCostConfig:
     """Observations before the model is used; until then ``ready`` is False and nothing is cut."""
     refit_every: int = 8
     """Steps between refits of the coefficients (a refit is a 3x3 solve; the sums are updated every step)."""
-    pause_steps: int = 16
+    pause_steps: int = 64
     """Longest pause: after a step whose best cut was expected to be slower than plain decoding, an engine decodes
     1 step without any drafting work, then drafts once to re-measure; each further such step doubles the pause up
     to this many steps, and a step where drafting pays resets it to 1 (0 = never pause)."""

@@ -451,15 +451,16 @@ class Engine:
 
     def _budgets(self) -> list[int]:
         running = self._running
-        if not self._speculate or self._pause > 0:
+        if not self._speculate:
             return [0] * len(running)
-        if self.governor is not None:
-            step = getattr(self.drafter, "open_step", None)
-            if step != self._history_step:  # new history: whether drafting pays is measured anew
-                self._history_step = step
+        step = getattr(self.drafter, "open_step", None)
+        if step != self._history_step:  # new history: whether drafting pays is measured anew
+            self._history_step = step
+            self._pause, self._pause_len = 0, 1
+            if self.governor is not None:
                 self.governor.forget_drafting()
-            if not self.governor.use_spec(len(running)):
-                return [0] * len(running)
+        if self._pause > 0 or (self.governor is not None and not self.governor.use_spec(len(running))):
+            return [0] * len(running)
         rids = [st.req.rid for st in running]
         raw = self.budgets.step_budgets(rids, len(running))
         out = []

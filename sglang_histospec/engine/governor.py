@@ -90,10 +90,14 @@ class SpecGovernor:
         return use
 
     def forget_drafting(self) -> None:
-        """Re-measure drafting from scratch in every bucket (call when the history changed: a new step's drafts
-        may pay where the last step's did not)."""
+        """Let drafting be measured again at once in every bucket (call when the history changed: a new step's
+        drafts may pay where the last step's did not). One fresh drafting step per bucket, weighed as much as the
+        old mean, decides, so a drafter that still does not pay costs one step, not ``min_samples``."""
+        n = self.cfg.min_samples
         for b in self._buckets.values():
-            b.count[1], b.rate[1], b.interval, b.since_probe, b.probing = 0, 0.0, 0, 0, False
+            b.count[1] = min(b.count[1], n - 1)
+            b.interval, b.since_probe, b.probing = 0, 0, False
+            b.last[1] = -(self.cfg.probe_every + 1)  # the next drafting step counts as stale: weight 0.5
 
     def observe(self, bsz: int, drafted: bool, tokens: int, seconds: float) -> None:
         """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""

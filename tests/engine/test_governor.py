@@ -70,4 +70,11 @@ def test_new_history_makes_drafting_be_measured_again():
     g = SpecGovernor()
     run(g, 200, 4, spec_rate=50.0, plain_rate=100.0)  # no history yet: plain wins
     g.forget_drafting()  # the drafter closed a step
-    assert all(g.use_spec(4) for _ in range(3))  # drafting gets min_samples steps again at once
+    assert g.use_spec(4)  # drafting is measured again at once
+    g.observe(4, True, 4, 4 / 50.0)  # ... and still loses: plain again, without min_samples more drafting steps
+    assert not g.use_spec(4)
+    g.forget_drafting()
+    assert g.use_spec(4)
+    for _ in range(3):  # a drafting step that now pays wins the bucket back within a few steps
+        g.observe(4, True, 4, 4 / 400.0)
+    assert g.use_spec(4)
