@@ -140,3 +140,24 @@ def test_demo_command_on_a_tiny_chat_model_end_to_end(chat_model: str, tmp_path:
     assert all(Path(p).is_file() for p in out["plots"])
     steps, _ = load_steps(out["trace"])
     assert [s.step for s in steps] == [0, 1] and all(len(s.records) == 16 for s in steps)
+
+
+@pytest.mark.slow
+def test_quick_demo_on_smollm2(tmp_path: Path, trl_env: None, capsys) -> None:
+    """``histospec demo --quick`` on the real model (prepared and warmed up once, then cached; minutes on a CPU)."""
+    pytest.importorskip("trl")
+    from sglang_histospec import cli
+    from sglang_histospec.models.prepare import resolve_model
+
+    try:
+        resolve_model("smollm2-135m-instruct", progress=False)
+    except ValueError as exc:  # the weights' package is not installed here
+        pytest.skip(str(exc))
+    code = cli.main(["demo", "--quick", "--out-dir", str(tmp_path), "--no-progress", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["model"] == "smollm2-135m-instruct" and out["epochs"] == 2
+    assert out["identical_responses"] == out["responses"] == 32
+    for row in out["per_epoch"]:
+        assert 0.0 <= row["reward_histospec"] == row["reward_plain"] <= 1.0
+        assert row["tau"] >= 1.0 and row["entropy"] > 0 and row["tokens_per_s_plain"] > 0

@@ -150,9 +150,11 @@ def write_plots(rows: list[EpochComparison], out_dir: str | os.PathLike) -> list
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, draw in (("rewards.png", _reward_plot), ("rollout.png", _rollout_plot)):
-        fig, ax = plt.subplots(figsize=(5.5, 3.4))
+        fig, ax = plt.subplots(figsize=(5.5, 4.0))
         draw(ax, rows)
-        fig.tight_layout()
+        handles = [h for a in fig.axes for h in a.get_legend_handles_labels()[0]]
+        fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
         paths.append(str(out / name))
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
@@ -166,13 +168,11 @@ def _reward_plot(ax, rows: list[EpochComparison]) -> None:  # noqa: ANN001 - a m
     ax.set_xlabel("epoch")
     ax.set_xticks(epochs)
     ax.set_ylabel("mean reward")
-    ax.set_title("Mean reward per epoch (same distribution)")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("Mean reward per epoch")
     if all(r.entropy is not None for r in rows):
         ax2 = ax.twinx()
         ax2.plot(epochs, [r.entropy for r in rows], "k:", marker="x", label="entropy estimate (HistoSpec)")
         ax2.set_ylabel("mean -logprob per token (nats)")
-        ax2.legend(loc="lower right", fontsize=8)
 
 
 def _rollout_plot(ax, rows: list[EpochComparison]) -> None:  # noqa: ANN001 - a matplotlib Axes
@@ -186,13 +186,11 @@ def _rollout_plot(ax, rows: list[EpochComparison]) -> None:  # noqa: ANN001 - a 
     ax.set_xlabel("epoch")
     ax.set_xticks(epochs)
     ax.set_ylabel("rollout tokens / s" if speed else "rollout seconds")
-    ax.legend(loc="upper left", fontsize=8)
     ax2 = ax.twinx()
     ax2.plot(epochs, [r.tau for r in rows], "k^-", label="tau")
     ax2.plot(epochs, [r.accept_rate for r in rows], "c.-", label="acceptance")
     ax2.plot(epochs, [r.speedup for r in rows], "g*-", label="speedup")
     ax2.set_ylabel("tau, acceptance, speedup")
-    ax2.legend(loc="upper right", fontsize=8)
     ax.set_title("Rollout speed per epoch")
 
 
