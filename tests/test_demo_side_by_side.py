@@ -95,6 +95,15 @@ def test_warm_up_is_trained_once_and_cached(chat_model: str, tmp_path: Path, mon
     assert warmed_policy(chat_model, untouched, tmp_path) == Path(chat_model) and warmup_meta(chat_model) is None
 
 
+def test_demo_command_refuses_settings_of_the_toy_on_a_real_model(tmp_path: Path) -> None:
+    from sglang_histospec import cli
+
+    with pytest.raises(SystemExit, match="only with --model tiny"):
+        cli.main(["demo", "--policy", "frozen", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="held out"):
+        cli.main(["demo", "--model", str(tmp_path), "--family", "units", "--out-dir", str(tmp_path)])
+
+
 def replayed(epoch: int, seconds: float, plain_seconds: float, identical: int) -> EpochStats:
     return EpochStats(epoch, "HISTOSPEC", 8, 0.5, 200, 100, 150, 100, seconds, nll=50.0, plain_seconds=plain_seconds,
                       plain_tokens=200, plain_reward=0.5, identical=identical)  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -131,7 +132,9 @@ def run_grpo(
         stack.callback(run.close)
         trainer = _trainer(model_dir, rows[: config.num_prompts], run, server.url, work / "trainer")
         run.instrument(trainer)
-        trainer.train()
+        with warnings.catch_warnings():  # TRL 1.16 still calls transformers' deprecated checkpointing names
+            warnings.filterwarnings("ignore", r".*gradient_checkpointing.* is deprecated", FutureWarning)
+            trainer.train()
     return _epochs(run.per_step, config, speculative_algorithm)
 
 
