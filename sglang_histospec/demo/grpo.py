@@ -6,6 +6,12 @@ Per epoch the run records the mean reward, the tokens, verify steps, drafted and
 reported, and the wall time of the rollouts (the trainer's calls to the server's ``/generate``), and writes every
 response with its reward to a trace (design.md section 3).
 
+With ``GRPORunConfig.side_by_side`` a second server runs ``NONE`` with the same weights (every weight sync goes to
+both) and each rollout request is replayed on it right after the HistoSpec server answered. Both servers start
+from the same seed and see the same requests in the same order, so each request draws the same random stream and
+the replay emits the same tokens: the two timings measure the same work (``EpochStats.plain_seconds``), and
+``identical`` counts the responses that matched.
+
 Example::
 
     stats = run_grpo(model_dir, ArithTask(), GRPORunConfig(epochs=3), "HISTOSPEC", work_dir, trace_path="t.jsonl.gz")
