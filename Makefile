@@ -3,6 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 EXTRAS ?= dev,trl,notebooks,models
 
 .PHONY: install install-sglang test test-all demo bench lint format clean install-peers notebooks
@@ -33,8 +34,9 @@ test: install install-sglang
 test-all: install install-sglang
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
+# GRPO on SmolLM2-135M-Instruct with vs without HistoSpec (README "Quick start"); DEMO_ARGS=--quick: 2 epochs.
 demo: install
-	$(VENV)/bin/histospec demo
+	$(VENV)/bin/histospec demo $(DEMO_ARGS)
 
 # Execute every notebook (notebooks/README.md) with full configurations; executed copies go to build/notebooks.
 # NB_ARGS="--trace run.jsonl.gz" runs them on your trace, NB_ARGS=--small on the CI configurations.

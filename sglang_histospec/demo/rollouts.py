@@ -76,10 +76,25 @@ class EpochStats(AcceptanceRates):
     """Wall time of the epoch's generation."""
     forward_passes: int | None = None
     """Batched verify forwards (what costs time), when the engine is in this process."""
+    nll: float | None = None
+    """Sum of -logprob of the sampled tokens, when the run asked for logprobs (see ``entropy``)."""
+    plain_seconds: float | None = None
+    """Side-by-side runs: wall time of the same requests replayed on a plain-decoding server with the same weights."""
+    plain_tokens: int | None = None
+    """Side-by-side runs: tokens the plain replay generated."""
+    plain_reward: float | None = None
+    """Side-by-side runs: mean reward of the plain replay's responses."""
+    identical: int | None = None
+    """Side-by-side runs: responses whose plain replay emitted exactly the same tokens."""
+
+    @property
+    def entropy(self) -> float | None:
+        """Mean negative log-probability of the sampled tokens (nats): an estimate of the per-token entropy."""
+        return self.nll / self.tokens if self.nll is not None and self.tokens else None
 
     def as_dict(self) -> dict:
         out = dict(vars(self))
-        out.update(tau=self.tau, accept_rate=self.accept_rate)
+        out.update(tau=self.tau, accept_rate=self.accept_rate, entropy=self.entropy)
         return out
 
 

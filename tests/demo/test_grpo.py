@@ -67,7 +67,7 @@ def test_demo_command_frozen_policy_end_to_end(tiny_model, tmp_path, monkeypatch
     monkeypatch.setattr(demo_model, "QUICK_CONFIG", TINY)
     monkeypatch.setattr(demo_pkg, "QUICK_CONFIG", TINY)
     cache = tiny_model.parent.parent
-    code = cli.main(["demo", "--quick", "--policy", "frozen", "--epochs", "2", "--out-dir", str(tmp_path / "out"),
+    code = cli.main(["demo", "--model", "tiny", "--quick", "--policy", "frozen", "--epochs", "2", "--out-dir", str(tmp_path / "out"),
                      "--cache-dir", str(cache), "--no-progress", "--json"])  # fmt: skip
     assert code == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
