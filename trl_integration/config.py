@@ -34,8 +34,8 @@ class HistoSpecGRPOConfig(GRPOConfig):
     hash_prompt_ids: bool = field(
         default=True,
         metadata={
-            "help": "When a row has no `prompt_id_column`, use a stable hash of its prompt as id; False makes a "
-            "missing id an error."
+            "help": "When a row has no `prompt_id_column`, use the servers' hash of its prompt tokens as id "
+            "('tokens:' + SHA-1); False makes a missing id an error."
         },
     )
     push_history: bool = field(

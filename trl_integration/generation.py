@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_histospec.drafting.prompt_ids import token_prompt_id
 from trl_integration.servers import Completion, RolloutServers, SamplingConfig
 
 
@@ -68,7 +69,8 @@ class HistoSpecGeneration:
     """Duck-typed stand-in for TRL's ``VLLMGeneration`` (``sync_weights`` and ``generate``).
 
     ``prompt_ids_fn()`` returns the history ids of the rows being generated (set by the trainer before TRL's
-    generation starts), or None; ids are used only when there is one per prompt. ``records`` collects every
+    generation starts; None for a row = the id derived from its tokens), or None; ids are used only when there is
+    one per prompt. ``records`` collects every
     ``generate`` call since the trainer last cleared it.
     """
 
@@ -80,7 +82,7 @@ class HistoSpecGeneration:
         model_fn: Callable[[], Any],
         step_fn: Callable[[], int],
         sampling: SamplingConfig,
-        prompt_ids_fn: Callable[[], Sequence[str] | None] = lambda: None,
+        prompt_ids_fn: Callable[[], Sequence[str | None] | None] = lambda: None,
     ) -> None:
         self.servers = servers
         self.weight_sync = weight_sync
@@ -109,7 +111,9 @@ class HistoSpecGeneration:
             raise ValueError("images are not supported by the rollout servers; train text-only prompts")
         prompt_token_ids = [list(p) for p in prompts]
         ids = self.prompt_ids_fn()
-        pids: list[str | None] = list(ids) if ids is not None and len(ids) == len(prompts) else [None] * len(prompts)
+        pids: list[str | None] = [None] * len(prompts)
+        if ids is not None and len(ids) == len(prompts):  # rows without an id: the servers' rule on the tokens
+            pids = [pid if pid is not None else token_prompt_id(p) for pid, p in zip(ids, prompt_token_ids)]
         with profiler if profiler is not None else contextlib.nullcontext():
             outs = self.servers.generate(
                 prompt_token_ids,

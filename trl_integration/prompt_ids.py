@@ -1,14 +1,14 @@
-"""Stable prompt ids for the history drafter: a dataset column, or a hash of the prompt itself (no torch, no TRL).
+"""Stable prompt ids for the history drafter: a dataset column, or the servers' rule on the prompt tokens.
 
 The drafter keys its history by prompt id, so the id must be the same every time a prompt comes back (every epoch,
-on every rank, in every process). A dataset column (default ``prompt_id``) is used as is; without it, the id is a
-hash of the prompt's canonical JSON (plain text or a list of chat messages), which is stable across processes and
-runs (unlike Python's ``hash``).
+on every rank, in every process). A dataset column (default ``prompt_id``) is used as is; a row without it gets
+None here and, once TRL has tokenized its prompt, the id every server would derive from those tokens
+(:func:`sglang_histospec.drafting.prompt_ids.token_prompt_id`, applied by ``generation.py`` and ``rollout.py``).
 
 Example::
 
     resolve_prompt_ids([{"prompt": "2+2=", "prompt_id": "p7"}], column="prompt_id", hash_missing=True)  # ['p7']
-    resolve_prompt_ids([{"prompt": "2+2="}], column="prompt_id", hash_missing=True)   # ['h-8f0b...'] (16 hex)
+    resolve_prompt_ids([{"prompt": "2+2="}], column="prompt_id", hash_missing=True)   # [None]: from the tokens
 """
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 HASH_PREFIX = "h-"
-"""Hashed ids start with this, so they never collide with short user ids such as ``"7"``."""
+"""Ids of :func:`stable_prompt_id` start with this, so they never collide with short user ids such as ``"7"``."""
 
 
 def stable_prompt_id(prompt: Any) -> str:
     """``"h-"`` + 16 hex digits of the SHA-256 of the prompt's canonical JSON (keys sorted, no whitespace).
+
+    Not the default any more (ids are derived from the prompt tokens, as the servers do); kept for a
+    ``make_rollout_func(prompt_id_fn=stable_prompt_id)`` that wants ids keyed by the text.
 
     Example: ``stable_prompt_id("2+2=") == stable_prompt_id("2+2=")`` in every process; chat prompts
     (``[{"role": "user", "content": "hi"}]``) hash their whole message list.
@@ -35,12 +38,13 @@ def stable_prompt_id(prompt: Any) -> str:
     return HASH_PREFIX + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def resolve_prompt_ids(rows: Sequence[Mapping[str, Any]], column: str | None, hash_missing: bool) -> list[str]:
-    """One prompt id per dataset row: ``row[column]`` (as a string) when present, else a hash of ``row["prompt"]``.
+def resolve_prompt_ids(rows: Sequence[Mapping[str, Any]], column: str | None, hash_missing: bool) -> list[str | None]:
+    """One prompt id per dataset row: ``row[column]`` (as a string) when present, else None (derived later from
+    the prompt tokens, see the module docstring).
 
     Raises ValueError when a row has no id and ``hash_missing`` is False, or when an id is empty.
     """
-    out: list[str] = []
+    out: list[str | None] = []
     for i, row in enumerate(rows):
         value = row.get(column) if column else None
         if value is None:
@@ -52,7 +56,7 @@ def resolve_prompt_ids(rows: Sequence[Mapping[str, Any]], column: str | None, ha
                 )
             if "prompt" not in row:
                 raise ValueError(f"row {i} has neither {column!r} nor 'prompt'; cannot derive a prompt id")
-            out.append(stable_prompt_id(row["prompt"]))
+            out.append(None)
             continue
         pid = str(value)
         if not pid:

@@ -6,11 +6,11 @@ prompts (the G copies of each included):
 - syncs the weights itself (save + ``/update_weights_from_disk``) whenever ``trainer.state.global_step`` changed
   since its last sync, like TRL's own lazy sync (skipped when the trainer already syncs: ``HistoSpecGRPOTrainer``);
 - tokenizes the prompts the way TRL does (chat template for conversational prompts);
-- sends each with its prompt id (``prompt_id_fn(prompt)``, default a stable hash of the prompt) and returns
-  ``prompt_ids``, ``completion_ids``, ``logprobs`` (per-token floats) and ``histospec_prompt_id`` (reaches reward
-  functions as a keyword argument).
+- sends each with its prompt id (``prompt_id_fn(prompt)``; by default, or when it returns None, the servers' hash
+  of the prompt tokens, ``drafting/prompt_ids.py``) and returns ``prompt_ids``, ``completion_ids``, ``logprobs``
+  (per-token floats) and ``histospec_prompt_id`` (reaches reward functions as a keyword argument).
 
-History: the server records every response with a prompt id itself and files it under the step when the next weight
+History: the server records every response under its prompt id itself and files it under the step when the next weight
 update arrives, so history builds up without pushes. Rewards are not pushed on this path (use
 ``HistoSpecGRPOTrainer`` for reward-weighted history). TRL applies its importance-sampling correction only with
 ``use_vllm``, which the stock trainer leaves off, so the returned logprobs are informational there.
@@ -27,8 +27,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sglang_histospec.drafting.prompt_ids import PROMPT_ID_KEY, prompt_id_for
 from trl_integration.generation import sampling_from_trainer
-from trl_integration.prompt_ids import stable_prompt_id
 from trl_integration.servers import RolloutServers
 from trl_integration.weight_sync import DiskWeightSync
 
@@ -36,7 +36,7 @@ from trl_integration.weight_sync import DiskWeightSync
 def make_rollout_func(
     rollout_urls: Sequence[str] | str,
     *,
-    prompt_id_fn: Callable[[Any], str] = stable_prompt_id,
+    prompt_id_fn: Callable[[Any], str | None] | None = None,
     weight_sync_dir: str | None = None,
     request_timeout: float = 600.0,
     admin_api_key: str | None = None,
@@ -58,7 +58,8 @@ def make_rollout_func(
             state["sync"].sync(accelerator, trainer.model, trainer.state.global_step)
             state["last_step"] = trainer.state.global_step
         prompt_token_ids, _, _ = trainer._tokenize_prompts(prompts)
-        pids = [prompt_id_fn(p) for p in prompts]
+        given = [prompt_id_fn(p) for p in prompts] if prompt_id_fn is not None else [None] * len(prompts)
+        pids = [prompt_id_for({PROMPT_ID_KEY: pid}, t) for pid, t in zip(given, prompt_token_ids)]
         outs = servers.generate(
             [list(p) for p in prompt_token_ids],
             pids,

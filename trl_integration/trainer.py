@@ -6,15 +6,16 @@ loss, is TRL's own code):
 - generation: ``HistoSpecGeneration`` takes TRL's ``vllm_generation`` slot, so TRL itself decides when to sync weights
   (before a generation, when ``global_step`` changed) and applies its importance-sampling correction with the
   servers' per-token logprobs (``vllm_importance_sampling_*`` settings apply unchanged);
-- prompt ids: each row's ``prompt_id_column`` (or a stable hash of its prompt) goes with its requests;
+- prompt ids: each row's ``prompt_id_column`` (or, without one, the servers' hash of its prompt tokens,
+  ``drafting/prompt_ids.py``) goes with its requests;
 - history: after the rewards of a generation are known, its responses and rewards are gathered across ranks and
   pushed per prompt id to every server (``/histospec/history``, step = the weights' global step);
 - metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``, ``histospec/accepted_tokens``
   (this generation, all ranks) and ``histospec/history_tokens``, ``histospec/history_prompts`` (server, main process).
 
 Limits: text prompts only (no images); with ``tools``, TRL's tool loop generates again for the samples that called a
-tool, and those follow-up requests go without a prompt id; PEFT models are refused at the first weight sync (merge
-the adapters first).
+tool, and those follow-up requests go without the row's prompt id (the servers key them by their own tokens, and
+they are not pushed); PEFT models are refused at the first weight sync (merge the adapters first).
 
 Example::
 
@@ -77,7 +78,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
                     backend=args.weight_sync_backend,
                 ),
             )
-        self._histospec_row_ids: list[str] | None = None
+        self._histospec_row_ids: list[str | None] | None = None
         self._histospec_rewards: torch.Tensor | None = None
         self.history_pushes: list[tuple[int, int]] = []
         self.recent_generations: deque[GenerationRecord] = deque(maxlen=self.RECENT_GENERATIONS)

@@ -1,5 +1,5 @@
 """History drafting: the per-prompt history index (native and reference), the drafter, budgets, the cost-aware
-cut, snapshots and the shared draft types. Pure: imports no engine, server, SGLang or TRL.
+cut, snapshots, the shared draft types and the prompt-id rule. Pure: imports no engine, server, SGLang or TRL.
 """
 
 from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
@@ -7,6 +7,7 @@ from sglang_histospec.drafting.calibration import CalibrationConfig, DraftCalibr
 from sglang_histospec.drafting.draft_cut import StepCostModel, best_cut
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.pack import PackedDraft, pack_draft
+from sglang_histospec.drafting.prompt_ids import prompt_id_for, token_prompt_id
 from sglang_histospec.drafting.types import ROOT, AcceptanceRates, Draft
 from sglang_histospec.drafting.verify_cost import VerifyCostTable
 
@@ -25,4 +26,6 @@ __all__ = [
     "VerifyCostTable",
     "best_cut",
     "pack_draft",
+    "prompt_id_for",
+    "token_prompt_id",
 ]

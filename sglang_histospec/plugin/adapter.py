@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -29,25 +28,12 @@ from typing import Any
 import numpy as np
 
 from sglang_histospec.drafting import Draft, DrafterConfig, HistoSpecDrafter, pack_draft
+from sglang_histospec.drafting.prompt_ids import PROMPT_ID_KEY as PROMPT_ID_KEY  # the old import path
+from sglang_histospec.drafting.prompt_ids import prompt_id_for
 from sglang_histospec.drafting.types import accepted_path
 
-PROMPT_ID_KEY = "prompt_id"
-"""Key of the prompt (group) id in ``sampling_params.custom_params``."""
-
-
-def prompt_key(custom_params: Mapping[str, Any] | None, prompt_tokens: Sequence[int]) -> str:
-    """The history key of a request: ``custom_params["prompt_id"]`` if given, else a hash of the prompt tokens.
-
-    Example: ``prompt_key({"prompt_id": 7}, [1, 2]) == "7"``; ``prompt_key(None, [1, 2]) == "tokens:" + sha1``.
-    """
-    if custom_params:
-        pid = custom_params.get(PROMPT_ID_KEY)
-        if pid is not None:
-            if not isinstance(pid, str | int) or isinstance(pid, bool):
-                raise ValueError(f"custom_params.prompt_id={pid!r}; use a string or an integer")
-            return str(pid)
-    digest = hashlib.sha1(np.asarray(list(prompt_tokens), dtype=np.int64).tobytes()).hexdigest()
-    return f"tokens:{digest}"
+prompt_key = prompt_id_for
+"""The history key of a request (the old name of :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`)."""
 
 
 DRAFTER_CONFIG_ENV = "HISTOSPEC_DRAFTER_CONFIG"

@@ -5,7 +5,8 @@ SGLang keeps driving verification, KV bookkeeping, the overlap relay and CUDA gr
 class only changes where the N draft nodes of each request come from:
 
 * ``_prepare_draft_tokens``: one :class:`~sglang_histospec.plugin.adapter.HistorySpecCorpus` call for the batch
-  (each request keyed by ``sampling_params.custom_params["prompt_id"]``, or a hash of its prompt tokens);
+  (each request keyed by :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`: ``custom_params["prompt_id"]``,
+  or a hash of its prompt tokens);
 * ``note_request_finished``: the finished response becomes history for its prompt (aborts are dropped);
 * ``clear_cache_pool`` (every ``/flush_cache`` and, by default, every weight update): per-request state is dropped,
   the open step is closed, the history is KEPT (NGRAM would reset its corpus here);
@@ -31,7 +32,8 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Sche
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, drafter_config_from_env, prompt_key
+from sglang_histospec.drafting.prompt_ids import prompt_id_for
+from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, drafter_config_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class HistoSpecWorker(NGRAMWorker):
         pid = self._prompt_ids.get(req.rid)
         if pid is None:
             custom = getattr(req.sampling_params, "custom_params", None)
-            pid = prompt_key(custom if isinstance(custom, dict) else None, req.origin_input_ids_unpadded)
+            pid = prompt_id_for(custom if isinstance(custom, dict) else None, req.origin_input_ids_unpadded)
             self._prompt_ids[req.rid] = pid
         return pid
 

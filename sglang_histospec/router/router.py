@@ -5,8 +5,8 @@ response and history push, and a :class:`Planner`. A step (``run_step``) is plan
 and dispatched as one batched ``/generate`` per backend, in parallel. A backend whose call fails (connection
 error, timeout or 5xx) is marked down and the requests of that call are resubmitted to the other healthy
 backends (least predicted work first): a batched call returns all its answers or none, so every request is
-answered exactly once. Plain ``/generate`` bodies are split per item and placed per prompt on the backend with
-the least outstanding predicted work.
+answered exactly once. Plain ``/generate`` bodies are split per item and placed per prompt (the servers' prompt
+id, :func:`item_prompt_id`) on the backend with the least outstanding predicted work.
 
 Outlier migration (``migrate_outliers``, on by default, for ``run_step``): requests then go out as one /generate
 call each, at most the cost model's ``max_running`` in flight per backend (the rest are sent in plan order as
@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from sglang_histospec.drafting.prompt_ids import explicit_prompt_id, prompt_id_for
 from sglang_histospec.drafting.types import tau
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
 from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
@@ -367,8 +368,7 @@ class Router:
             on_rids([sample_rid(r, j, c) or "" for r, c in zip(rids, counts) for j in range(c)])
         predicted = []
         for item, count in zip(items, counts):
-            pid = ((item.get("sampling_params") or {}).get("custom_params") or {}).get("prompt_id")
-            pid = None if pid is None else str(pid)
+            pid = item_prompt_id(item)
             mean = self.predictor.predict(pid).mean if pid is not None else self.predictor.prior().mean
             predicted.append(mean * count)
         placement: dict[int, list[int]] = {}
@@ -382,10 +382,10 @@ class Router:
         grouped = self._dispatch(items, placement, predicted, counts)
         with self._lock:
             for item, outs in zip(items, grouped):
-                pid = ((item.get("sampling_params") or {}).get("custom_params") or {}).get("prompt_id")
+                pid = item_prompt_id(item)
                 if pid is not None:
                     for out in outs:
-                        self.predictor.observe(str(pid), self.steps, _completion_tokens(out))
+                        self.predictor.observe(pid, self.steps, _completion_tokens(out))
         flat = [out for outs in grouped for out in outs]
         return flat if batch or len(flat) > 1 else flat[0]
 
@@ -862,6 +862,17 @@ def _joined(head: dict[str, Any] | None, tail: dict[str, Any]) -> dict[str, Any]
 def _dumps(body: Any) -> bytes:
     """JSON with non-ASCII escaped: encodes whatever the client sent."""
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def item_prompt_id(item: dict[str, Any]) -> str | None:
+    """The history key of one /generate item, by the servers' rule (``drafting/prompt_ids.py``); None for a
+    ``text`` item without ``custom_params.prompt_id`` (the router has no tokenizer: such items get the prior).
+
+    Example: ``item_prompt_id({"input_ids": [1, 2]}) == token_prompt_id([1, 2])``.
+    """
+    custom = (item.get("sampling_params") or {}).get("custom_params")
+    ids = item.get("input_ids")
+    return prompt_id_for(custom, ids) if ids else explicit_prompt_id(custom)
 
 
 def _completion_tokens(out: dict[str, Any]) -> int:

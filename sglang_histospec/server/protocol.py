@@ -73,7 +73,8 @@ class GenerationInput:
     seed_offset: int = 0
     """Index of the seeded draw of output token 0 (a resumed request: the tokens it already has)."""
     prompt_id: str | None = None
-    """History group (``sampling_params.custom_params.prompt_id``); None = no history drafting."""
+    """History group (``sampling_params.custom_params.prompt_id``); None = the backend derives it from the prompt
+    tokens (:func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`)."""
     return_logprob: bool = False
     rid: str | None = None
     """Request id; the server assigns one when None."""

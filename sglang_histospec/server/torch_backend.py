@@ -5,12 +5,13 @@ log (``server/history_log.py``); snapshots compact the log. A directory that can
 (ValueError); one lost at run time makes pushes fail with 507 naming the cause and ``/health`` answer 503 until a
 write succeeds again. Responses the server records itself are saved by the next snapshot.
 
-History and steps: every finished response with a prompt id is recorded by the engine as a sibling of the
-drafter's open step. A weight update closes that step (``drafter.end_step``) so the recorded responses become
-history, numbered with the weight version they were generated under when it is an integer (TRL sends the global
-step as ``weight_version``); a trainer that pushes the same responses with that step number is deduplicated by
-the drafter (a pushed prompt+step is never counted twice). ``end_step_on_weight_update=False`` leaves steps to the
-trainer (``POST /histospec/end_step``). Weight updates and cache flushes never drop the history.
+History and steps: every finished response is recorded by the engine as a sibling of the drafter's open step,
+under its prompt id (a request without one gets the id derived from its tokens, ``drafting/prompt_ids.py``). A
+weight update closes that step (``drafter.end_step``) so the recorded responses become history, numbered with the
+weight version they were generated under when it is an integer (TRL sends the global step as ``weight_version``);
+a trainer that pushes the same responses with that step number is deduplicated by the drafter (a pushed
+prompt+step is never counted twice). ``end_step_on_weight_update=False`` leaves steps to the trainer
+(``POST /histospec/end_step``). Weight updates and cache flushes never drop the history.
 
 Example::
 
@@ -28,6 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_histospec.drafting.prompt_ids import token_prompt_id
 from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult, SamplingParams
 from sglang_histospec.server.engine_loop import EngineLoop
 from sglang_histospec.server.history_log import SNAPSHOT_NAME, DurableHistory, HistoryWriteError
@@ -153,7 +155,7 @@ class TorchBackend:
                 engine_req = GenerateRequest(
                     rid=rid,
                     input_ids=req.input_ids,
-                    prompt_id=req.prompt_id,
+                    prompt_id=req.prompt_id if req.prompt_id is not None else token_prompt_id(req.input_ids),
                     return_logprob=req.return_logprob,
                     sampling=SamplingParams(
                         temperature=req.temperature,

@@ -85,7 +85,7 @@ def test_weight_update_from_disk_then_new_weights(tiny_model_dir, other_model_di
         c.push_history(0, [{"prompt_id": "pushed", "responses": [[4, 5, 6, 7]]}])
         c.generate([prompt], prompt_ids=["recorded"], **kw)  # recorded by the server in the open step
         before = c.stats()["history"]
-        assert before["siblings"] == 1
+        assert before["siblings"] == 2  # the first request too: no prompt id, so under the id of its tokens
         reply = c.update_weights_from_disk(other_model_dir, weight_version="1")
         assert reply["success"] is True and reply["num_paused_requests"] == 0
         info = c.model_info()
@@ -96,8 +96,9 @@ def test_weight_update_from_disk_then_new_weights(tiny_model_dir, other_model_di
         assert out["meta_info"]["weight_version"] == "1"
         after = c.stats()["history"]
         # the history survives; the weight update closed the step, so the recorded response became history
-        assert after["prompts"] == before["prompts"] + 1 and after["history_tokens"] > before["history_tokens"]
-        assert (after["siblings"], after["open_step"]) == (0, before["open_step"] + 1)
+        assert after["prompts"] == before["prompts"] + 2 and after["history_tokens"] > before["history_tokens"]
+        # the new step's one sibling is the id-less request just made under the new weights
+        assert (after["siblings"], after["open_step"]) == (1, before["open_step"] + 1)
         # a checkpoint with other shapes is refused and the current weights stay
         bad = make_tiny_model_dir(tmp_path / "bad", arch="llama", vocab_size=80, seed=2)
         r = httpx.post(

@@ -16,8 +16,8 @@ from trl_integration.prompt_ids import HASH_PREFIX, resolve_prompt_ids, stable_p
         ([{"prompt": "a", "prompt_id": "p7"}], "prompt_id", ["p7"]),
         ([{"prompt": "a", "prompt_id": 7}], "prompt_id", ["7"]),
         ([{"prompt": "a", "qid": "x"}], "qid", ["x"]),
-        ([{"prompt": "a"}], "prompt_id", [stable_prompt_id("a")]),
-        ([{"prompt": "a", "prompt_id": None}], "prompt_id", [stable_prompt_id("a")]),
+        ([{"prompt": "a"}], "prompt_id", [None]),  # derived from the prompt tokens at generation
+        ([{"prompt": "a", "prompt_id": None}], "prompt_id", [None]),
     ],
 )
 def test_resolve_prompt_ids_table(rows, column, expected):
