@@ -32,7 +32,7 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Sche
 from sglang.srt.runtime_context import get_spec
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from sglang_histospec.drafting.prompt_ids import prompt_id_for
+from sglang_histospec.drafting.prompt_ids import prompt_id_for, token_prompt_id
 from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, drafter_config_from_env
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,11 @@ class HistoSpecWorker(NGRAMWorker):
         pid = self._prompt_ids.get(req.rid)
         if pid is None:
             custom = getattr(req.sampling_params, "custom_params", None)
-            pid = prompt_id_for(custom if isinstance(custom, dict) else None, req.origin_input_ids_unpadded)
+            try:
+                pid = prompt_id_for(custom if isinstance(custom, dict) else None, req.origin_input_ids_unpadded)
+            except ValueError as exc:  # never raise inside SGLang's scheduler loop: key the request by its tokens
+                logger.warning("request %s: %s; keyed by its prompt tokens instead", req.rid, exc)
+                pid = token_prompt_id(req.origin_input_ids_unpadded)
             self._prompt_ids[req.rid] = pid
         return pid
 
