@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from sglang_histospec.demo.chat_tasks import HELD_OUT, ChatFamily, make_family
 from sglang_histospec.demo.grpo import GRPORunConfig
 from sglang_histospec.demo.record import RecordConfig, chat_ids
-from sglang_histospec.models import default_cache_dir
+from sglang_histospec.models import cached_build, default_cache_dir
 
 WARMUP_FORMAT = 1
 """Bump when the warm-up recipe or the saved layout changes, so stale cached policies are not reused."""
@@ -110,22 +109,12 @@ def warmed_policy(base_dir: str | os.PathLike, cfg: RecordConfig = WARMUP, cache
         return Path(base_dir)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / "demo-policies" / f"{Path(base_dir).name}-{cfg.family}-{warmup_key(base_dir, cfg)}"
-    if (final / WARMUP_META).is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
-    try:
+
+    def build(tmp: Path) -> dict:
         seconds = _warm_up(base_dir, cfg, tmp, progress)
-        meta = {"base": str(base_dir), "config": warmup_fields(cfg), "seconds": seconds}
-        (tmp / WARMUP_META).write_text(json.dumps(meta, indent=1))
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / WARMUP_META).is_file():  # another process won the race; otherwise a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return {"base": str(base_dir), "config": warmup_fields(cfg), "seconds": seconds}
+
+    return cached_build(final, WARMUP_META, build)
 
 
 def _warm_up(base_dir: str | os.PathLike, cfg: RecordConfig, out: Path, progress: bool) -> float:

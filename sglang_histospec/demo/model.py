@@ -17,14 +17,13 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_histospec.demo.task import ArithTask, TaskConfig
 from sglang_histospec.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
-from sglang_histospec.models import default_cache_dir
+from sglang_histospec.models import cached_build, default_cache_dir
 
 # Bump when the training recipe or the saved layout changes, so stale cache entries are not reused.
 CACHE_FORMAT = 1
@@ -142,23 +141,12 @@ def build_or_load_demo_model(
     cfg = config or (QUICK_CONFIG if quick else DemoModelConfig())
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / "demo-models" / cfg.cache_key()
-    if (final / META_FILE).is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
-    try:
+
+    def build(tmp: Path) -> dict:
         result = pretrain(cfg, tmp, progress=progress)
-        (tmp / META_FILE).write_text(
-            json.dumps({"config": dataclasses.asdict(cfg), "result": dataclasses.asdict(result)}, indent=1)
-        )
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not (final / META_FILE).is_file():  # another process won the race; otherwise a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        return {"config": dataclasses.asdict(cfg), "result": dataclasses.asdict(result)}
+
+    return cached_build(final, META_FILE, build)
 
 
 def load_meta(model_dir: str | os.PathLike) -> dict:

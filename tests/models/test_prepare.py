@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -49,3 +50,28 @@ def test_smollm2_converts_to_a_plain_llama_directory_with_equal_logits(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, ref(ids).logits)
     assert ours.config.num_hidden_layers == 30 and tok.eos_token_id == 2
+
+
+def test_cached_build_builds_once_and_leaves_nothing_behind_on_failure(tmp_path):
+    from sglang_histospec.models import cached_build
+
+    calls = []
+
+    def build(d):
+        calls.append(d)
+        d.mkdir()
+        (d / "w.bin").write_bytes(b"x")
+        return {"n": len(calls)}
+
+    final = tmp_path / "cache" / "m"
+    assert cached_build(final, "meta.json", build) == final and (final / "w.bin").is_file()
+    assert cached_build(final, "meta.json", build) == final and len(calls) == 1  # cached: not built again
+    assert json.loads((final / "meta.json").read_text()) == {"n": 1}
+
+    def broken(d):
+        d.mkdir()
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cached_build(tmp_path / "cache" / "other", "meta.json", broken)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m"]  # no half-built directory left
