@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sglang_histospec.drafting.types import MAX_TOKEN_ID
+
 if TYPE_CHECKING:  # the core drafter types; imported lazily by the engine
     from sglang_histospec.drafting import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.governor import GovernorConfig
@@ -35,7 +37,7 @@ def _check_token_ids(name: str, ids: Any, allow_empty: bool) -> None:
     if not ids and not allow_empty:
         raise ValueError(f"{name} is empty; pass at least one token id")
     for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < MAX_TOKEN_ID:
             raise ValueError(f"{name} contains {t!r}; token ids must be ints in [0, 2**31)")
 
 
