@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sglang_histospec.drafting.types import Draft
+from sglang_histospec.drafting.types import Draft, accepted_path
 
 BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999])
 """Upper edges of the probability bins (the last bin holds probability 1.0 alone)."""
@@ -145,11 +145,11 @@ class DraftCalibration:
         """``calibrate_drafts`` of one draft."""
         return self.calibrate_drafts([draft])
 
-    def observe_drafts(self, drafts: list[Draft], accepted, verified=None, limits: list[int] | None = None) -> None:
-        """Learn from verified drafts: ``accepted`` [n] bool marks the accepted nodes of ``flatten(drafts,
-        limits)``; ``verified`` (default: all) the nodes that were verified (an engine's cut may drop some). A
-        node teaches only when it was verified and its parent is the root or accepted."""
-        cond, parents, keys = self.flatten(drafts, limits)
+    def observe_drafts(self, drafts: list[Draft], accepted, verified=None) -> None:
+        """Learn from verified drafts: ``accepted`` [n] bool marks the accepted nodes of ``flatten(drafts)``;
+        ``verified`` (default: all) the nodes that were verified (an engine's cut may drop some). A node teaches
+        only when it was verified and its parent is the root or accepted."""
+        cond, parents, keys = self.flatten(drafts)
         acc = np.asarray(accepted, dtype=bool)
         seen = np.ones(len(cond), dtype=bool) if verified is None else np.asarray(verified, dtype=bool).copy()
         if acc.shape != cond.shape or seen.shape != cond.shape:
@@ -160,6 +160,14 @@ class DraftCalibration:
     def observe_draft(self, draft: Draft, accepted, verified=None) -> None:
         """``observe_drafts`` of one draft."""
         self.observe_drafts([draft], accepted, verified)
+
+    def observe_tokens(self, draft: Draft, tokens: list[int]) -> np.ndarray:  # [len(draft)] bool
+        """Learn from one draft verified against the ``tokens`` committed after it (accepted ones, then the
+        bonus token); returns which nodes were accepted."""
+        hit = np.zeros(len(draft), dtype=bool)
+        hit[accepted_path(draft.token_ids, draft.parents, tokens)] = True
+        self.observe_drafts([draft], hit)
+        return hit
 
     def table(self) -> list[dict[str, float | str]]:
         """One row per conditional-probability bin with data, pooled over keys: upper edge, decayed nodes, mean

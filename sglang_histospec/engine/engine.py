@@ -172,6 +172,9 @@ class Engine:
         self._cut = self._speculate and config.draft_selection == "cost"
         self.governor = SpecGovernor(config.governor) if self._cut else None
         self._history_step = getattr(self.drafter, "open_step", None)
+        # fixed budgets learn nothing from a step's outcome; a drafter with only the core API extends one by one
+        self._adaptive = self._speculate and getattr(getattr(budgets, "cfg", None), "policy", None) != "fixed"
+        self._extend_batch = getattr(drafter, "extend_batch", None)
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
@@ -595,8 +598,7 @@ class Engine:
             picked[row_idx] = sample_rows(probs[row_idx], torch.from_numpy(u).to(dev))
         picked_np = picked.cpu().numpy()
         outcomes = tb.walk(picked_np)
-        adaptive = self._speculate and getattr(getattr(self.budgets, "cfg", None), "policy", None) != "fixed"
-        depths = np.maximum.reduceat(tb.depth, offsets[:-1]) if adaptive else None  # fixed budgets learn nothing
+        depths = np.maximum.reduceat(tb.depth, offsets[:-1]) if self._adaptive else None
         logprobs = None
         if any(st.req.return_logprob for st in running):
             flat_rows = [r for o in outcomes for r in o.rows]
@@ -650,13 +652,11 @@ class Engine:
                 if self._speculate:
                     ext_rids.append(st.req.rid)
                     ext_tokens.append(tokens)
-        if ext_rids:
-            extend_batch = getattr(self.drafter, "extend_batch", None)
-            if extend_batch is not None:
-                extend_batch(ext_rids, ext_tokens)
-            else:  # a custom drafter with the core API only
-                for rid, toks in zip(ext_rids, ext_tokens):
-                    self.drafter.extend(rid, toks)
+        if ext_rids and self._extend_batch is not None:
+            self._extend_batch(ext_rids, ext_tokens)
+        else:
+            for rid, toks in zip(ext_rids, ext_tokens):
+                self.drafter.extend(rid, toks)
         if mv_slot:
             self._cache.move_tokens(
                 torch.tensor(mv_slot, device=dev), torch.tensor(mv_src, device=dev), torch.tensor(mv_dst, device=dev)

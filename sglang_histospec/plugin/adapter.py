@@ -30,7 +30,6 @@ import numpy as np
 from sglang_histospec.drafting import Draft, DrafterConfig, HistoSpecDrafter, pack_draft
 from sglang_histospec.drafting.prompt_ids import PROMPT_ID_KEY as PROMPT_ID_KEY  # the old import path
 from sglang_histospec.drafting.prompt_ids import prompt_id_for
-from sglang_histospec.drafting.types import accepted_path
 
 prompt_key = prompt_id_for
 """The history key of a request (the old name of :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`)."""
@@ -120,9 +119,7 @@ class HistorySpecCorpus:
         if n_out > live.known:
             new = [int(t) for t in output_tokens[live.known :]]
             if live.draft is not None:  # what SGLang accepted of our last draft teaches the drafter's calibration
-                hit = np.zeros(len(live.draft), dtype=bool)
-                hit[accepted_path(live.draft.token_ids, live.draft.parents, new)] = True
-                self.drafter.calibration.observe_draft(live.draft, hit)
+                self.drafter.calibration.observe_tokens(live.draft, new)
                 live.draft = None
             self.drafter.extend(rid, new)
             live.known = n_out

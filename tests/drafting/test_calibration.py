@@ -183,3 +183,13 @@ def test_config_validation(kwargs, match):
 def test_observe_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="one each per node"):
         DraftCalibration().observe(np.array([0.5, 0.6]), np.array([0, 0]), np.array([True]))
+
+
+def test_observe_tokens_walks_the_committed_tokens():
+    # root -> 5 -> 6 and root -> 7; SGLang / replay committed 5 then 9 (6 rejected, 9 the bonus token)
+    d = Draft([5, 7, 6], [-1, -1, 0], [0.6, 0.4, 0.6], match_len=2, source="history")
+    cal = DraftCalibration(CalibrationConfig(half_life_nodes=math.inf))
+    hit = cal.observe_tokens(d, [5, 9])
+    assert hit.tolist() == [True, False, False]
+    assert sum(r["nodes"] for r in cal.table()) == 3  # every node's parent is the root or the accepted 5
+    assert sum(r["nodes"] * r["accepted"] for r in cal.table()) == pytest.approx(1.0)

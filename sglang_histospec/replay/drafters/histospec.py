@@ -20,7 +20,7 @@ import numpy as np
 
 from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.drafting.types import Draft, accepted_path
+from sglang_histospec.drafting.types import Draft
 from sglang_histospec.replay.simulator import BaseDrafter
 
 BUDGET_POLICIES = ("fixed", "paper", "released")
@@ -61,24 +61,22 @@ class HistoSpecReplayDrafter(BaseDrafter):
     def extend(self, req_id: str, tokens: list[int]) -> None:
         d = self._last.pop(req_id, None)
         if d is not None and len(d):
-            self._calibrate(d, accepted_path(d.token_ids, d.parents, tokens))
+            self._calibrate(d, tokens)
         self.drafter.extend(req_id, tokens)
 
-    def _calibrate(self, d: Draft, path: list[int]) -> None:
-        """Score the calibration's prediction for this verified draft, then teach it the outcome."""
+    def _calibrate(self, d: Draft, tokens: list[int]) -> None:
+        """Score the calibration's prediction for this draft, then teach it what ``tokens`` accepted."""
         cal = self.drafter.calibration
         raw = np.asarray(d.probs, dtype=np.float64)
         pred = cal.calibrate_draft(d)
-        hit = np.zeros(len(d), dtype=bool)
-        hit[path] = True
+        hit = cal.observe_tokens(d, tokens)
         c = self._cal
         c["nodes"] += len(d)
-        c["accepted"] += len(path)
+        c["accepted"] += int(hit.sum())
         c["raw"] += float(raw.sum())
         c["calibrated"] += float(pred.sum())
         c["brier_raw"] += float(((raw - hit) ** 2).sum())
         c["brier_cal"] += float(((pred - hit) ** 2).sum())
-        cal.observe_draft(d, hit)
 
     def calibration_report(self) -> dict:
         """Drafted nodes, accepted, and the mean predicted acceptance and Brier score of the raw and the
