@@ -123,34 +123,19 @@ def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int
     return [f"rand-{i}" for i in range(args.num_prompts)], ids, "random token prompts"
 
 
-def _epoch_requests(prompt_ids, token_ids, args, epoch: int) -> list:
-    from sglang_histospec.engine import GenerateRequest, SamplingParams
-
-    return [
-        GenerateRequest(
-            rid=f"e{epoch}-{pid}-{k}",
-            input_ids=toks,
-            prompt_id=pid,
-            sampling=SamplingParams(
-                temperature=args.temperature,
-                max_new_tokens=args.max_new_tokens,
-                seed=args.seed * 1_000_003 + epoch * 10_007 + i * 101 + k,
-            ),
-        )
-        for i, (pid, toks) in enumerate(zip(prompt_ids, token_ids))
-        for k in range(args.group_size)
-    ]
-
-
 def _engines_epoch(engines: list, prompt_ids, token_ids, args, epoch: int) -> list[tuple[float, int, dict]]:
     """One epoch's requests on every engine: ``(seconds, tokens, info)`` each. Interleaved (the default), the
     engines take steps in turn, so that a change in the machine's load hits all of them alike; with
     ``--sequential`` each runs the whole epoch before the next. Seconds are the sums of each engine's step times."""
     wall, cpu = [0.0] * len(engines), [0.0] * len(engines)
     results: list[list] = [[] for _ in engines]
+    from sglang_histospec.demo.rollouts import epoch_requests
+
     before = [e.stats() for e in engines]
     for e in engines:
-        for r in _epoch_requests(prompt_ids, token_ids, args, epoch):
+        prompts = list(zip(prompt_ids, token_ids))
+        for r in epoch_requests(prompts, args.group_size, args.temperature, args.max_new_tokens, args.seed, epoch,
+                                seeding="index"):  # fmt: skip
             e.add_request(r)
     order = [list(range(len(engines)))] if not args.sequential else [[i] for i in range(len(engines))]
     for group in order:
