@@ -270,66 +270,108 @@ def _groups(records: list[TraceRecord]) -> list[tuple[str, list[int], list[list[
     return out
 
 
+@dataclass(slots=True)
+class _Tally:
+    """What ``replay`` sums over every verify step of the trace."""
+
+    accept_hist: list[int]
+    """accept_hist[a] = verify steps that accepted a nodes."""
+    costs: list[float] | None
+    """costs[d] = verify cost of d draft nodes (plus the bonus row) at the configured batch; None = not measured."""
+    draft_ns: list[int] = field(default_factory=list)
+    """Wall time of every ``draft`` call."""
+    cost_sum: float = 0.0
+
+
+def _oracle(drafter: ReplayDrafter, cfg: ReplayConfig) -> Oracle | None:
+    """The oracle of ``cfg`` over the drafter's sources and window (None when ``cfg.oracle`` is off)."""
+    if not cfg.oracle:
+        return None
+    sources = drafter.sources if cfg.oracle_sources is None else tuple(cfg.oracle_sources)
+    window = None if cfg.oracle_all_history else drafter.window
+    return Oracle(cfg.budget, sources, window, drafter.live_global)
+
+
+def _decode_response(
+    drafter: ReplayDrafter, rid: str, rec: TraceRecord, cap: int, res: ReplayResult, tally: _Tally
+) -> int:
+    """Decode ``rec``'s response as request ``rid``, verify step by verify step (at most ``cap`` draft nodes
+    each); adds drafted and accepted nodes to ``res`` and the step figures to ``tally``; returns the verify steps."""
+    resp = rec.response
+    n = len(resp)
+    clock = time.perf_counter_ns
+    costs, pads = tally.costs, bool(getattr(drafter, "pads_to_budget", False))
+    drafter.start(rid, rec.prompt_id, rec.prompt)
+    p = vsteps = 0
+    while p < n:
+        b = drafter.budget(rid, cap)
+        t0 = clock()
+        d = drafter.draft(rid, b)
+        tally.draft_ns.append(clock() - t0)
+        nd = len(d.token_ids)
+        if nd > b:
+            raise RuntimeError(f"drafter {drafter.name!r} returned {nd} nodes for budget {b}")
+        a = accept_length(d, resp, p) if nd else 0
+        e = min(a + 1, n - p)
+        drafter.extend(rid, resp[p : p + e])
+        drafter.observe(rid, nd, a)
+        p += e
+        vsteps += 1
+        res.drafted += nd
+        res.accepted += a
+        tally.accept_hist[a] += 1
+        if costs is not None:
+            tally.cost_sum += costs[min(b, cap) if pads else nd]
+    drafter.finish(rid, resp)
+    return vsteps
+
+
+def _add_step(res: ReplayResult, ss: StepStats) -> None:
+    res.per_step.append(ss)
+    res.responses += ss.responses
+    res.tokens += ss.tokens
+    res.verify_steps += ss.verify_steps
+    res.oracle_steps += ss.oracle_steps
+
+
+def _finish(res: ReplayResult, tally: _Tally, drafter: ReplayDrafter) -> None:
+    """The figures of ``res`` that are computed once at the end: latency percentiles, est_speedup, calibration."""
+    if tally.draft_ns:
+        us = np.asarray(tally.draft_ns, dtype=np.float64) / 1e3
+        res.draft_us_p50 = float(np.percentile(us, 50))
+        res.draft_us_p99 = float(np.percentile(us, 99))
+    if tally.costs is not None and tally.cost_sum > 0:
+        res.est_speedup = res.tokens / tally.cost_sum
+    res.accept_hist = tally.accept_hist
+    report = getattr(drafter, "calibration_report", None)
+    res.calibration = report() if report is not None else None
+
+
 def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig) -> ReplayResult:
     """Replay ``steps`` (sorted by step, e.g. from ``load_steps``) with ``drafter``; see the module docstring."""
     if any(b.step <= a.step for a, b in zip(steps, steps[1:])):
         raise ValueError("steps must be strictly increasing (use trace.load_steps, which sorts)")
     res = ReplayResult(drafter.name, cfg.budget)
-    oracle = None
-    if cfg.oracle:
-        sources = drafter.sources if cfg.oracle_sources is None else tuple(cfg.oracle_sources)
-        window = None if cfg.oracle_all_history else drafter.window
-        oracle = Oracle(cfg.budget, sources, window, drafter.live_global)
+    oracle = _oracle(drafter, cfg)
     kmax = max(cfg.budget, 1)
-    draft_ns: list[int] = []
-    cost_sum = 0.0
-    costs = (
-        [cfg.verify_cost.cost(1 + d, cfg.batch) for d in range(cfg.budget + 1)] if cfg.verify_cost else None
-    )  # fmt: skip
-    hist = [0] * (cfg.budget + 1)
-    total = sum(len(s.records) for s in steps)
+    costs = [cfg.verify_cost.cost(1 + d, cfg.batch) for d in range(cfg.budget + 1)] if cfg.verify_cost else None
+    tally = _Tally([0] * (cfg.budget + 1), costs)
     bar = None
     if cfg.progress:
         from tqdm import tqdm
 
+        total = sum(len(s.records) for s in steps)
         bar = tqdm(total=total, unit="resp", desc=f"replay {drafter.name}", leave=False, disable=None)
     t_start = time.perf_counter()
-    clock = time.perf_counter_ns
-    budget_cap = cfg.budget
-    pads = bool(getattr(drafter, "pads_to_budget", False))
     for st in steps:
         ss = StepStats(st.step)
         for rec in sibling_order(st.records):
-            resp = rec.response
-            n = len(resp)
             rid = f"{st.step}:{rec.prompt_id}:{rec.sample}"
-            drafter.start(rid, rec.prompt_id, rec.prompt)
-            p = vsteps = 0
-            while p < n:
-                b = drafter.budget(rid, budget_cap)
-                t0 = clock()
-                d = drafter.draft(rid, b)
-                draft_ns.append(clock() - t0)
-                nd = len(d.token_ids)
-                if nd > b:
-                    raise RuntimeError(f"drafter {drafter.name!r} returned {nd} nodes for budget {b}")
-                a = accept_length(d, resp, p) if nd else 0
-                e = min(a + 1, n - p)
-                drafter.extend(rid, resp[p : p + e])
-                drafter.observe(rid, nd, a)
-                p += e
-                vsteps += 1
-                res.drafted += nd
-                res.accepted += a
-                hist[a] += 1
-                if costs is not None:
-                    cost_sum += costs[min(b, budget_cap) if pads else nd]
-            drafter.finish(rid, resp)
+            ss.verify_steps += _decode_response(drafter, rid, rec, cfg.budget, res, tally)
             ss.responses += 1
-            ss.tokens += n
-            ss.verify_steps += vsteps
+            ss.tokens += len(rec.response)
             if oracle is not None:
-                keys = kgram_keys(rec.prompt + resp, kmax)
+                keys = kgram_keys(rec.prompt + rec.response, kmax)
                 ss.oracle_steps += oracle.steps(rec, keys)
                 oracle.finished(rec, keys)
             if bar is not None:
@@ -337,21 +379,9 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
         drafter.end_step(st.step, _groups(st.records))
         if oracle is not None:
             oracle.end_step()
-        res.per_step.append(ss)
-        res.responses += ss.responses
-        res.tokens += ss.tokens
-        res.verify_steps += ss.verify_steps
-        res.oracle_steps += ss.oracle_steps
+        _add_step(res, ss)
     if bar is not None:
         bar.close()
     res.wall_s = time.perf_counter() - t_start
-    if draft_ns:
-        us = np.asarray(draft_ns, dtype=np.float64) / 1e3
-        res.draft_us_p50 = float(np.percentile(us, 50))
-        res.draft_us_p99 = float(np.percentile(us, 99))
-    if costs is not None and cost_sum > 0:
-        res.est_speedup = res.tokens / cost_sum
-    res.accept_hist = hist
-    report = getattr(drafter, "calibration_report", None)
-    res.calibration = report() if report is not None else None
+    _finish(res, tally, drafter)
     return res
