@@ -143,6 +143,66 @@ def epoch_requests(prompts: list[tuple[str, list[int]]], group_size: int, temper
     ]
 
 
+def _run_requests(engine, requests: list, desc: str, progress: bool) -> tuple[dict, float]:
+    """Decode ``requests`` to the end on ``engine``: (results by rid, wall seconds)."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    for r in requests:
+        engine.add_request(r)
+    results = {}
+    bar = tqdm(total=len(requests), desc=desc, disable=not progress, unit="resp", leave=False)
+    while engine.has_unfinished():
+        for res in engine.step():
+            results[res.rid] = res
+            bar.update(1)
+    bar.close()
+    return results, time.perf_counter() - start
+
+
+def _score_and_push(engine, task: ArithTask, prompts: list, prompt_ids: dict[str, list[int]], results: dict,
+                    epoch: int, group_size: int, writer) -> list[float]:  # fmt: skip
+    """Score every prompt's group of ``epoch``, push it with its rewards into the engine's history (and the trace
+    ``writer`` when not None); returns the rewards in prompt, then sample order."""
+    from sglang_histospec.trace.format import TraceRecord
+
+    tokenizer = engine.tokenizer
+    rewards = []
+    for p in prompts:
+        group = [results[f"e{epoch}-{p.prompt_id}-{k}"] for k in range(group_size)]
+        texts = tokenizer.batch_decode([g.output_ids for g in group], skip_special_tokens=True)
+        group_rewards = [task.reward(p.text, t) for t in texts]
+        rewards += group_rewards
+        engine.drafter.add(p.prompt_id, epoch, [g.output_ids for g in group], rewards=group_rewards)
+        if writer is not None:
+            for k, (g, r) in enumerate(zip(group, group_rewards)):
+                record = TraceRecord(step=epoch, epoch=epoch, prompt_id=p.prompt_id, sample=k,
+                                     prompt=prompt_ids[p.prompt_id], response=list(g.output_ids), reward=r)  # fmt: skip
+                writer.write(record)
+    return rewards
+
+
+def _epoch_stats(epoch: int, mode: str, responses: int, rewards: list[float], before: dict, after: dict,
+                 seconds: float) -> EpochStats:  # fmt: skip
+    """An epoch's figures from the engine's ``stats()`` before and after it."""
+
+    def delta(key: str) -> int:
+        return after[key] - before[key]
+
+    return EpochStats(
+        epoch=epoch,
+        mode=mode,
+        responses=responses,
+        mean_reward=sum(rewards) / len(rewards),
+        tokens=delta("generated_tokens"),
+        verify_steps=delta("verify_steps"),
+        forward_passes=delta("forward_passes"),
+        drafted=delta("draft_tokens"),
+        accepted=delta("accepted_tokens"),
+        seconds=seconds,
+    )
+
+
 def sample_epochs(
     model_dir: str | os.PathLike,
     task: ArithTask,
@@ -155,11 +215,9 @@ def sample_epochs(
 
     Returns one :class:`EpochStats` per epoch. ``speculative_algorithm`` is ``HISTOSPEC`` or ``NONE``.
     """
-    from tqdm.auto import tqdm
-
     from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
-    from sglang_histospec.trace.format import TraceRecord, TraceWriter
+    from sglang_histospec.trace.format import TraceWriter
 
     prompts = task.prompts[: config.num_prompts] if config.num_prompts else task.prompts
     engine = Engine(
@@ -176,72 +234,21 @@ def sample_epochs(
     if tokenizer is None:
         raise ValueError(f"{model_dir}: no tokenizer; pass a directory made by build_or_load_demo_model")
     prompt_ids = {p.prompt_id: tokenizer(p.text).input_ids for p in prompts}
+    pairs = [(p.prompt_id, prompt_ids[p.prompt_id]) for p in prompts]
     writer = TraceWriter(trace_path) if trace_path is not None else None
     out: list[EpochStats] = []
     try:
         for epoch in range(config.epochs):
             requests = epoch_requests(
-                [(p.prompt_id, prompt_ids[p.prompt_id]) for p in prompts],
-                config.group_size,
-                config.temperature,
-                config.max_new_tokens,
-                config.seed,
-                epoch,
+                pairs, config.group_size, config.temperature, config.max_new_tokens, config.seed, epoch
             )
             before = engine.stats()
-            start = time.perf_counter()
-            for r in requests:
-                engine.add_request(r)
-            results = {}
-            bar = tqdm(
-                total=len(requests),
-                desc=f"{speculative_algorithm.lower()} epoch {epoch}",
-                disable=not progress,
-                unit="resp",
-                leave=False,
-            )
-            while engine.has_unfinished():
-                for res in engine.step():
-                    results[res.rid] = res
-                    bar.update(1)
-            bar.close()
-            seconds = time.perf_counter() - start
+            desc = f"{speculative_algorithm.lower()} epoch {epoch}"
+            results, seconds = _run_requests(engine, requests, desc, progress)
             after = engine.stats()
-            rewards = []
-            for p in prompts:
-                group = [results[f"e{epoch}-{p.prompt_id}-{k}"] for k in range(config.group_size)]
-                texts = tokenizer.batch_decode([g.output_ids for g in group], skip_special_tokens=True)
-                group_rewards = [task.reward(p.text, t) for t in texts]
-                rewards += group_rewards
-                engine.drafter.add(p.prompt_id, epoch, [g.output_ids for g in group], rewards=group_rewards)
-                if writer is not None:
-                    for k, (g, r) in enumerate(zip(group, group_rewards)):
-                        writer.write(
-                            TraceRecord(
-                                step=epoch,
-                                epoch=epoch,
-                                prompt_id=p.prompt_id,
-                                sample=k,
-                                prompt=prompt_ids[p.prompt_id],
-                                response=list(g.output_ids),
-                                reward=r,
-                            )
-                        )
+            rewards = _score_and_push(engine, task, prompts, prompt_ids, results, epoch, config.group_size, writer)
             engine.drafter.end_step(epoch)
-            out.append(
-                EpochStats(
-                    epoch=epoch,
-                    mode=speculative_algorithm,
-                    responses=len(requests),
-                    mean_reward=sum(rewards) / len(rewards),
-                    tokens=after["generated_tokens"] - before["generated_tokens"],
-                    verify_steps=after["verify_steps"] - before["verify_steps"],
-                    forward_passes=after["forward_passes"] - before["forward_passes"],
-                    drafted=after["draft_tokens"] - before["draft_tokens"],
-                    accepted=after["accepted_tokens"] - before["accepted_tokens"],
-                    seconds=seconds,
-                )
-            )
+            out.append(_epoch_stats(epoch, speculative_algorithm, len(requests), rewards, before, after, seconds))
     finally:
         if writer is not None:
             writer.close()
