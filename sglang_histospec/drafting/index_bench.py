@@ -83,17 +83,40 @@ def _sample(base: np.ndarray, similarity: float, vocab: int, rng: np.random.Gene
     return np.where(rng.random(base.shape) < similarity, base, noise).astype(np.int32)
 
 
-def run_index_bench(
-    cfg: IndexBenchConfig, backend: str = "native", progress: Callable[[str], None] | None = None
-) -> dict:
-    """Run the workload on one backend ("native" or "python"); returns the figures as a dict."""
-    say = progress or (lambda msg: None)
-    rng = np.random.default_rng(cfg.seed)
-    index = _make_backend(cfg, backend)
+@dataclass(slots=True)
+class _Ingested:
+    """The synthetic history once in the backend, and what the decode phase replays against it."""
+
+    prompts: list[np.ndarray]
+    """Per prompt: its PROMPT_LEN token ids."""
+    truths: list[np.ndarray]
+    """Per prompt: the response its request decodes (the bench's ground truth)."""
+    history_tokens: int = 0
+    ingest_s: float = 0.0
+    ingest_cpu_s: float = 0.0
+    memory: int = 0
+    """Backend bytes the history added."""
+
+
+@dataclass(slots=True)
+class _Decoded:
+    """What the decode phase measured."""
+
+    per_request_us: list[float]
+    """Wall time of one request's draft, per request-step."""
+    call_us: list[float]
+    """Wall time of a whole ``draft_batch`` call / its batch size, per step."""
+    emitted: int = 0
+    request_steps: int = 0
+    draft_cpu_s: float = 0.0
+
+
+def _ingest(
+    index, cfg: IndexBenchConfig, rng: np.random.Generator, say: Callable[[str], None], backend: str
+) -> _Ingested:
+    """Draw every prompt, its history (``set_history``, timed) and its ground-truth response."""
     base_memory = index.memory_bytes()
-    prompts, truths = [], []
-    ingest_s = ingest_cpu_s = 0.0
-    history_tokens = 0
+    out = _Ingested([], [])
     say(f"{backend}: ingest {cfg.prompts} prompts x {cfg.responses} responses x {cfg.length} tokens")
     for p in range(cfg.prompts):
         prompt = rng.integers(0, cfg.vocab, size=PROMPT_LEN, dtype=np.int32)
@@ -102,70 +125,88 @@ def run_index_bench(
         seqs = [np.concatenate([tail, _sample(base, cfg.similarity, cfg.vocab, rng)]) for _ in range(cfg.responses)]
         t0, c0 = time.perf_counter(), time.thread_time()
         index.set_history(f"p{p}", seqs, [WEIGHT_ONE] * len(seqs))
-        ingest_cpu_s += time.thread_time() - c0
-        ingest_s += time.perf_counter() - t0
-        history_tokens += sum(len(s) for s in seqs)
-        prompts.append(prompt)
-        truths.append(_sample(base, cfg.similarity, cfg.vocab, rng))
+        out.ingest_cpu_s += time.thread_time() - c0
+        out.ingest_s += time.perf_counter() - t0
+        out.history_tokens += sum(len(s) for s in seqs)
+        out.prompts.append(prompt)
+        out.truths.append(_sample(base, cfg.similarity, cfg.vocab, rng))
         if (p + 1) % max(1, cfg.prompts // 8) == 0:
-            say(
-                f"{backend}: ingested {p + 1}/{cfg.prompts} prompts ({history_tokens / max(ingest_s, 1e-9):,.0f} tok/s)"
-            )
-    memory = index.memory_bytes() - base_memory
+            rate = out.history_tokens / max(out.ingest_s, 1e-9)
+            say(f"{backend}: ingested {p + 1}/{cfg.prompts} prompts ({rate:,.0f} tok/s)")
+    out.memory = index.memory_bytes() - base_memory
+    return out
 
+
+def _draft_step(index, batch_ids: list[str], budget: int, timed, out: _Decoded) -> list:
+    """One ``draft_batch`` over the batch, timed per request (``timed``: the native ``draft_batch_timed``)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    if timed is not None:
+        drafts, ns = timed(batch_ids, [budget] * len(batch_ids))
+        out.per_request_us.extend(x / 1000.0 for x in ns)
+    else:  # the reference: time each request's call
+        drafts = []
+        for rid in batch_ids:
+            t1 = time.perf_counter()
+            drafts.extend(index.draft_batch([rid], [budget]))
+            out.per_request_us.append((time.perf_counter() - t1) * 1e6)
+    out.draft_cpu_s += time.thread_time() - c0
+    out.call_us.append((time.perf_counter() - t0) * 1e6 / len(batch_ids))
+    return drafts
+
+
+def _decode(index, cfg: IndexBenchConfig, data: _Ingested, say: Callable[[str], None], backend: str) -> _Decoded:
+    """One request per prompt decodes its ground truth: each step drafts the live batch, accepts the longest
+    matching draft path and extends by it plus the bonus token."""
     ids = [f"r{p}" for p in range(cfg.prompts)]
     for p, rid in enumerate(ids):
-        index.start(rid, f"p{p}", prompts[p].tolist())
+        index.start(rid, f"p{p}", data.prompts[p].tolist())
     pos = [0] * cfg.prompts
-    per_request_us: list[float] = []
-    call_us: list[float] = []
-    emitted = request_steps = 0
-    draft_cpu_s = 0.0
+    out = _Decoded([], [])
     timed = getattr(getattr(index, "_impl", None), "draft_batch_timed", None)
     for step in range(cfg.steps):
         live = [p for p in range(cfg.prompts) if pos[p] < cfg.length]
         if not live:
             break
-        batch_ids, budgets = [ids[p] for p in live], [cfg.budget] * len(live)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        if timed is not None:
-            drafts, ns = timed(batch_ids, budgets)
-            per_request_us.extend(x / 1000.0 for x in ns)
-        else:  # the reference: time each request's call
-            drafts = []
-            for rid in batch_ids:
-                t1 = time.perf_counter()
-                drafts.extend(index.draft_batch([rid], [cfg.budget]))
-                per_request_us.append((time.perf_counter() - t1) * 1e6)
-        draft_cpu_s += time.thread_time() - c0
-        call_us.append((time.perf_counter() - t0) * 1e6 / len(live))
+        drafts = _draft_step(index, [ids[p] for p in live], cfg.budget, timed, out)
         for p, (toks, parents, _, _, _) in zip(live, drafts):
-            truth = truths[p][pos[p] :]
+            truth = data.truths[p][pos[p] :]
             k = min(accepted_length(toks, parents, truth) + 1, len(truth))
             index.extend(ids[p], truth[:k].tolist())
             pos[p] += k
-            emitted += k
-            request_steps += 1
+            out.emitted += k
+            out.request_steps += 1
         if (step + 1) % max(1, cfg.steps // 4) == 0:
-            say(f"{backend}: step {step + 1}/{cfg.steps}, p50 {np.percentile(per_request_us, 50):.2f} us")
+            say(f"{backend}: step {step + 1}/{cfg.steps}, p50 {np.percentile(out.per_request_us, 50):.2f} us")
     for rid in ids:
         index.remove_request(rid)
-    us = np.asarray(per_request_us)
+    return out
+
+
+def run_index_bench(
+    cfg: IndexBenchConfig, backend: str = "native", progress: Callable[[str], None] | None = None
+) -> dict:
+    """Run the workload on one backend ("native" or "python"); returns the figures as a dict."""
+    say = progress or (lambda msg: None)
+    rng = np.random.default_rng(cfg.seed)
+    index = _make_backend(cfg, backend)
+    data = _ingest(index, cfg, rng, say, backend)
+    dec = _decode(index, cfg, data, say, backend)
+    us = np.asarray(dec.per_request_us)
     return {
         "backend": backend,
-        "ingest_tokens_per_s": history_tokens / ingest_cpu_s,
-        "ingest_tokens_per_s_wall": history_tokens / ingest_s,
+        "ingest_tokens_per_s": data.history_tokens / data.ingest_cpu_s,
+        "ingest_tokens_per_s_wall": data.history_tokens / data.ingest_s,
         "draft_us_p50": float(np.percentile(us, 50)),
         "draft_us_p99": float(np.percentile(us, 99)),
         "draft_us_mean": float(us.mean()),
-        "call_us_per_request_p50": float(np.percentile(call_us, 50)),
-        "draft_cpu_us_per_request": draft_cpu_s * 1e6 / max(1, request_steps),
-        "bytes_per_token": memory / history_tokens,
+        "call_us_per_request_p50": float(np.percentile(dec.call_us, 50)),
+        "draft_cpu_us_per_request": dec.draft_cpu_s * 1e6 / max(1, dec.request_steps),
+        "bytes_per_token": data.memory / data.history_tokens,
         "batch": cfg.prompts,
-        "history_tokens_per_prompt": history_tokens // cfg.prompts,
-        "history_tokens": history_tokens,
-        "request_steps": request_steps,
-        "tau": tau(emitted, request_steps),
+        "history_tokens_per_prompt": data.history_tokens // cfg.prompts,
+        "history_tokens": data.history_tokens,
+        "request_steps": dec.request_steps,
+        "tau": tau(dec.emitted, dec.request_steps),
         "budget": cfg.budget,
         "similarity": cfg.similarity,
         "sources": ",".join(cfg.sources),
