@@ -251,86 +251,70 @@ def _warm_up(engine, hf_model, token_ids, pad_id: int) -> None:
             hf_model.generate(torch.tensor([token_ids[0]]), max_new_tokens=4, do_sample=False, pad_token_id=pad_id)
 
 
-def _run_batch(args, batch: int, model_label: str, budget) -> dict:
-    """Every epoch of the workload at one batch size; the JSON object of one result."""
-    import torch
-
+def _make_engine(args, alg: str, batch: int, budget):
+    """One embedded engine of the benchmark: ``alg`` is ``HISTOSPEC`` or ``NONE``."""
     from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
 
-    args = argparse.Namespace(**{**vars(args), "batch": batch})
-
-    def make(alg: str) -> Engine:
-        return Engine(
-            EngineConfig(
-                model_path=args.model,
-                device=args.device,
-                speculative_algorithm=alg,
-                max_running_requests=batch,
-                num_draft_tokens=args.num_draft_tokens,
-                seed=args.seed,
-                budget=budget,
-                draft_selection=args.draft_selection,
-            )
+    return Engine(
+        EngineConfig(
+            model_path=args.model,
+            device=args.device,
+            speculative_algorithm=alg,
+            max_running_requests=batch,
+            num_draft_tokens=args.num_draft_tokens,
+            seed=args.seed,
+            budget=budget,
+            draft_selection=args.draft_selection,
         )
-
-    spec, plain = make("HISTOSPEC"), make("NONE")
-    prompt_ids, token_ids, workload = _prompts(args, spec.tokenizer, spec.vocab_size)
-    hf_model = None if args.no_hf else spec.model  # the same weights, in HF's own generate loop
-    pad_id = (
-        spec.tokenizer.pad_token_id if spec.tokenizer is not None and spec.tokenizer.pad_token_id is not None else 0
     )
-    for engine in (spec, plain):
-        _warm_up(engine, hf_model if engine is spec else None, token_ids, pad_id)
-    rows = []
-    last_plain = None
-    for epoch in range(args.epochs):
-        (s_wall, s_tok, s_info), (p_wall, p_tok, p_info) = _engines_epoch(
-            [spec, plain], prompt_ids, token_ids, args, epoch
-        )
-        last_plain = p_info.pop("results")
-        s_info.pop("results")
-        h_wall, h_tok, h_cpu = (
-            _hf_epoch(hf_model, token_ids, args, spec.eos_token_ids, pad_id, epoch)
-            if hf_model is not None
-            else (0, 0, 0)
-        )
-        row = {
-            "epoch": epoch,
-            "tokens_per_s_histospec": s_tok / s_wall,
-            "tokens_per_s_plain": p_tok / p_wall,
-            "tokens_per_s_hf_generate": h_tok / h_wall if h_wall else None,
-            "cpu_tokens_per_s_histospec": s_tok / s_info["cpu_s"],
-            "cpu_tokens_per_s_plain": p_tok / p_info["cpu_s"],
-            "cpu_tokens_per_s_hf_generate": h_tok / h_cpu if h_cpu else None,
-            "tau": s_info["tau"],
-            "accept_rate": s_info["accepted"] / s_info["drafted"] if s_info["drafted"] else 0.0,
-            "ms_per_forward_histospec": s_info["ms_per_forward"],
-            "ms_per_forward_plain": p_info["ms_per_forward"],
-            "forwards_histospec": s_info["forwards"],
-            "forwards_plain": p_info["forwards"],
-            "tokens_histospec": s_tok,
-            "tokens_plain": p_tok,
-        }
-        rows.append(row)
-        print(
-            f"epoch {epoch}{' (fills history, not measured)' if epoch == 0 else ''}: "
-            f"histospec {row['tokens_per_s_histospec']:.0f} tok/s (tau {row['tau']:.2f}), "
-            f"plain {row['tokens_per_s_plain']:.0f} tok/s"
-            + (f", hf generate {row['tokens_per_s_hf_generate']:.0f} tok/s" if h_wall else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+
+
+def _epoch_row(epoch: int, spec: tuple[float, int, dict], plain: tuple[float, int, dict],
+               hf: tuple[float, int, float]) -> dict:  # fmt: skip
+    """One epoch's figures from ``(wall s, tokens, info)`` of each engine and ``(wall s, tokens, cpu s)`` of HF."""
+    (s_wall, s_tok, s_info), (p_wall, p_tok, p_info), (h_wall, h_tok, h_cpu) = spec, plain, hf
+    return {
+        "epoch": epoch,
+        "tokens_per_s_histospec": s_tok / s_wall,
+        "tokens_per_s_plain": p_tok / p_wall,
+        "tokens_per_s_hf_generate": h_tok / h_wall if h_wall else None,
+        "cpu_tokens_per_s_histospec": s_tok / s_info["cpu_s"],
+        "cpu_tokens_per_s_plain": p_tok / p_info["cpu_s"],
+        "cpu_tokens_per_s_hf_generate": h_tok / h_cpu if h_cpu else None,
+        "tau": s_info["tau"],
+        "accept_rate": s_info["accepted"] / s_info["drafted"] if s_info["drafted"] else 0.0,
+        "ms_per_forward_histospec": s_info["ms_per_forward"],
+        "ms_per_forward_plain": p_info["ms_per_forward"],
+        "forwards_histospec": s_info["forwards"],
+        "forwards_plain": p_info["forwards"],
+        "tokens_histospec": s_tok,
+        "tokens_plain": p_tok,
+    }
+
+
+def _print_row(row: dict) -> None:
+    hf = row["tokens_per_s_hf_generate"]
+    print(
+        f"epoch {row['epoch']}{' (fills history, not measured)' if row['epoch'] == 0 else ''}: "
+        f"histospec {row['tokens_per_s_histospec']:.0f} tok/s (tau {row['tau']:.2f}), "
+        f"plain {row['tokens_per_s_plain']:.0f} tok/s" + (f", hf generate {hf:.0f} tok/s" if hf is not None else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _speeds(rows: list[dict]) -> dict:
+    """The medians over the measured epochs (all but epoch 0) and the speedups of the result's JSON."""
     measured = rows[1:]
 
     def med(key):
         vals = [r[key] for r in measured if r[key] is not None]
         return statistics.median(vals) if vals else None
 
-    s, p = med("tokens_per_s_histospec"), med("tokens_per_s_plain")
-    out = {
-        "tokens_per_s_histospec": s,
-        "tokens_per_s_plain": p,
+    return {
+        "tokens_per_s_histospec": med("tokens_per_s_histospec"),
+        "tokens_per_s_plain": med("tokens_per_s_plain"),
         "tokens_per_s_hf_generate": med("tokens_per_s_hf_generate"),
         "speedup": statistics.median(r["tokens_per_s_histospec"] / r["tokens_per_s_plain"] for r in measured),
         "speedup_cold": rows[0]["tokens_per_s_histospec"] / rows[0]["tokens_per_s_plain"],
@@ -346,26 +330,59 @@ def _run_batch(args, batch: int, model_label: str, budget) -> dict:
         "step_cost_ratio": statistics.median(
             r["ms_per_forward_histospec"] / r["ms_per_forward_plain"] for r in measured if r["ms_per_forward_plain"]
         ),
-        "mean_token_entropy": _mean_entropy(spec.model, token_ids, last_plain, args.group_size, args.temperature),
+    }
+
+
+def _setup(args, spec, batch: int, num_prompts: int, model_label: str, workload: str) -> dict:
+    """What the result ran: the workload, the engine's settings, the model and the machine."""
+    import torch
+
+    cfg = spec.budgets.cfg
+    return {
         "batch": batch,
-        "epochs_measured": len(measured),
-        "requests_per_epoch": len(token_ids) * args.group_size,
+        "epochs_measured": args.epochs - 1,
+        "requests_per_epoch": num_prompts * args.group_size,
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "num_draft_tokens": args.num_draft_tokens,
-        "budget": {
-            "policy": spec.budgets.cfg.policy,
-            "fixed": spec.budgets.cfg.fixed,
-            "cost_limit": spec.budgets.cfg.cost_limit,
-        },
+        "budget": {"policy": cfg.policy, "fixed": cfg.fixed, "cost_limit": cfg.cost_limit},
         "draft_selection": args.draft_selection,
         "step_cost": spec.stats()["step_cost"],
         "model": model_label,
         "workload": workload,
         "device": str(spec.device),
         "torch_threads": torch.get_num_threads(),
+    }
+
+
+def _run_batch(args, batch: int, model_label: str, budget) -> dict:
+    """Every epoch of the workload at one batch size; the JSON object of one result."""
+    args = argparse.Namespace(**{**vars(args), "batch": batch})
+    spec, plain = _make_engine(args, "HISTOSPEC", batch, budget), _make_engine(args, "NONE", batch, budget)
+    prompt_ids, token_ids, workload = _prompts(args, spec.tokenizer, spec.vocab_size)
+    hf_model = None if args.no_hf else spec.model  # the same weights, in HF's own generate loop
+    tok = spec.tokenizer
+    pad_id = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
+    for engine in (spec, plain):
+        _warm_up(engine, hf_model if engine is spec else None, token_ids, pad_id)
+    rows = []
+    last_plain = None
+    for epoch in range(args.epochs):
+        s_run, p_run = _engines_epoch([spec, plain], prompt_ids, token_ids, args, epoch)
+        last_plain = p_run[2].pop("results")
+        s_run[2].pop("results")
+        hf_run = (0, 0, 0)  # (wall s, tokens, cpu s) of transformers generate; zeros with --no-hf
+        if hf_model is not None:
+            hf_run = _hf_epoch(hf_model, token_ids, args, spec.eos_token_ids, pad_id, epoch)
+        rows.append(_epoch_row(epoch, s_run, p_run, hf_run))
+        _print_row(rows[-1])
+    out = {
+        **_speeds(rows),
+        "mean_token_entropy": _mean_entropy(spec.model, token_ids, last_plain, args.group_size, args.temperature),
+        **_setup(args, spec, batch, len(token_ids), model_label, workload),
         "per_epoch": rows,
     }
+    p = out["tokens_per_s_plain"]
     if p and out["tokens_per_s_hf_generate"]:
         out["plain_vs_hf_generate"] = p / out["tokens_per_s_hf_generate"]
     return out
