@@ -4,8 +4,9 @@ Workload: a fixed prompt set repeated every epoch (an RL rollout without weight 
 samples per prompt at temperature 1, ``--batch`` requests decoded together. Epoch 0 fills the history (the
 HistoSpec engine records its own finished responses, ``end_step`` closes each epoch); epochs 1.. are measured.
 Both engines first warm up on a few short requests. In every epoch the three systems run the same requests (same
-seeds for the two engines); the two engines take decode steps in turn (``--sequential``: one whole epoch after
-the other), so that the machine's load changes hit both alike, then transformers ``generate`` runs. The JSON
+seeds for the two engines: ``demo/rollouts.py`` ``epoch_requests(..., seeding="index")``); the two engines take
+decode steps in turn (``--sequential``: one whole epoch after the other), so that the machine's load changes hit
+both alike, then transformers ``generate`` runs. The JSON
 reports medians over the measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU second of the
 process (``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine), and beside them
 ``speedup_cold`` (epoch 0: no history yet) and ``speedup_min`` (the worst epoch, epoch 0 included). ``--batch

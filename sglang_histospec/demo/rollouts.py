@@ -7,7 +7,8 @@ policy is frozen here: this measures what history drafting gives a slowly moving
 trace (design.md section 3) for replay and HistoPipe. GRPO training is ``histospec demo`` with the TRL trainer.
 
 Every request has its own sampling seed derived from (seed, epoch, prompt, sample), so a run is reproducible
-and the runs with and without HistoSpec sample the same distribution with the same seeds.
+and the runs with and without HistoSpec sample the same distribution with the same seeds (``request_seed``;
+``histospec bench engine`` builds its epochs with the same ``epoch_requests``, seeded by ``index_seed``).
 
 Example::
 
@@ -176,9 +177,10 @@ def _score_and_push(engine, task: ArithTask, prompts: list, prompt_ids: dict[str
         engine.drafter.add(p.prompt_id, epoch, [g.output_ids for g in group], rewards=group_rewards)
         if writer is not None:
             for k, (g, r) in enumerate(zip(group, group_rewards)):
-                record = TraceRecord(step=epoch, epoch=epoch, prompt_id=p.prompt_id, sample=k,
-                                     prompt=prompt_ids[p.prompt_id], response=list(g.output_ids), reward=r)  # fmt: skip
-                writer.write(record)
+                response = list(g.output_ids)
+                writer.write(
+                    TraceRecord(epoch, p.prompt_id, k, prompt_ids[p.prompt_id], response, epoch=epoch, reward=r)
+                )
     return rewards
 
 
