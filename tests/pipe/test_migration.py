@@ -12,8 +12,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from sglang_histospec.pipe.lengths import LengthEstimate
-from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
+from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import PlannerConfig
+from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 from sglang_histospec.router.router import Router, RouterConfig, RouterError
 from sglang_histospec.server.launch import free_port
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
@@ -57,6 +58,36 @@ def test_decode_rate(samples, rate):
 def test_pick_migrations_refuses_a_bad_rate():
     with pytest.raises(ValueError, match="tokens_per_s"):
         pick_migrations([_f(1)], 1, 16, [1], -1.0, TAIL)
+
+
+def _d(key, elapsed=3.0, deferrals=0, estimate=KNOWN):
+    return InFlight(key, 0, elapsed, 0, estimate, deferrals=deferrals)
+
+
+@pytest.mark.parametrize(
+    ("flights", "unfinished", "rate", "config", "step_mean", "expected"),
+    [
+        ([_d(1)], 1, 60.0, TAIL, 100.0, [1]),  # 180 tokens > max(150, 120); no idle worker needed
+        ([_d(1, elapsed=2.0)], 1, 60.0, TAIL, 100.0, []),  # 120 tokens: not past 150
+        ([_d(1, elapsed=2.0)], 1, 60.0, PlannerConfig(tail_fraction=0.5, defer_step_factor=1.0), 100.0, [1]),
+        ([_d(1)], 9, 60.0, TAIL, 100.0, []),  # not in the tail
+        ([_d(1)], 1, None, TAIL, 100.0, []),  # no decode rate yet
+        ([_d(1, deferrals=1)], 1, 60.0, TAIL, 100.0, []),  # deferred once already (max_deferrals 1)
+        ([_d(1, deferrals=1)], 1, 60.0, PlannerConfig(tail_fraction=0.5, max_deferrals=2), 100.0, [1]),
+        ([_d(1, estimate=LengthEstimate(1.0))], 1, 60.0, TAIL, 100.0, []),  # no history
+        ([_d(1, elapsed=3.0), _d(2, elapsed=6.0)], 2, 60.0, TAIL, 100.0, [2, 1]),  # all of them, worst first
+    ],
+)
+def test_pick_deferrals(flights, unfinished, rate, config, step_mean, expected):
+    assert pick_deferrals(flights, unfinished, 16, rate, config, step_mean) == expected
+
+
+def test_backlog_is_the_remaining_work_of_each_workers_running_requests():
+    cost = CostModel(CostModelConfig(iteration_s=1.0, per_request_s=0.0, per_context_token_s=0.0, prefill_token_s=0.0))
+    # worker 1: 40 of 100 predicted tokens emitted (60 left) and one past its prediction (a tenth of it left)
+    flights = [InFlight(1, 1, 2.0, 0, KNOWN), InFlight(2, 1, 1.0, 150, KNOWN)]
+    assert backlog_s(flights, 3, 20.0, cost) == [0.0, 60.0, 0.0]
+    assert backlog_s(flights, 3, None, cost) == [0.0, 100.0, 0.0]  # no rate: nothing counted as emitted now
 
 
 # ---- fake rollout servers that stall -------------------------------------------------------------------------
