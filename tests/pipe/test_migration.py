@@ -3,20 +3,18 @@ stall a request and against real torch-engine servers (the migrated answer equal
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from sglang_histospec.pipe.lengths import LengthEstimate
 from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import PlannerConfig
 from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 from sglang_histospec.router.router import Router, RouterConfig, RouterError
-from sglang_histospec.server.launch import free_port
+from tests.helpers.fake_servers import StallServer
+from tests.helpers.fake_servers import fake_token as _token
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
 
 KNOWN = LengthEstimate(100.0, {0.9: 120.0}, count=8, known=True)
@@ -91,74 +89,6 @@ def test_backlog_is_the_remaining_work_of_each_workers_running_requests():
 
 
 # ---- fake rollout servers that stall -------------------------------------------------------------------------
-def _token(seed: int, j: int) -> int:
-    """Token j of a seeded fake request (what a deterministic sampler emits at draw j)."""
-    return 3 + (seed * 31 + j * 7) % 50
-
-
-class StallServer:
-    """SGLang-shaped /generate, /abort_request and /health; one token per ``delay_s``. A request whose prompt_id
-    is "stall" and that starts at draw 0 hangs after ``stall_after`` tokens until it is aborted."""
-
-    def __init__(self, delay_s: float = 0.004, stall_after: int = 3) -> None:
-        self.delay_s, self.stall_after = delay_s, stall_after
-        self.aborted: set[str] = set()
-        self.calls: list[str] = []
-        self.active = self.peak = 0
-        app = FastAPI()
-
-        @app.get("/health")
-        async def health() -> dict:
-            return {}
-
-        @app.post("/abort_request")
-        async def abort(body: dict) -> dict:
-            self.aborted.add(body["rid"])
-            return {"success": True}
-
-        @app.post("/generate")
-        async def generate(body: dict) -> list:
-            return list(await asyncio.gather(*(self._one(body, k) for k in range(len(body["input_ids"])))))
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-
-    async def _one(self, body: dict, k: int) -> dict:
-        rid, sp = body["rid"][k], body["sampling_params"][k]
-        self.calls.append(rid)
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            return await self._emit(body, k, rid, sp)
-        finally:
-            self.active -= 1
-
-    async def _emit(self, body: dict, k: int, rid: str, sp: dict) -> dict:
-        custom = sp.get("custom_params") or {}
-        offset, seed = int(custom.get("seed_offset") or 0), sp["sampling_seed"]
-        stalls = custom.get("prompt_id") == "stall" and offset == 0
-        out: list[int] = []
-        while len(out) < sp["max_new_tokens"] and rid not in self.aborted:
-            if stalls and len(out) >= self.stall_after:
-                await asyncio.sleep(0.01)
-                continue
-            await asyncio.sleep(self.delay_s)
-            out.append(_token(seed, offset + len(out)))
-        finish = {"type": "abort", "message": "aborted"} if rid in self.aborted else {"type": "length"}
-        prompt = len(body["input_ids"][k])
-        meta = {"finish_reason": finish, "completion_tokens": len(out), "prompt_tokens": prompt}
-        return {"text": "", "output_ids": out, "meta_info": meta}
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @pytest.fixture
 def stall_servers():
     servers = [StallServer(), StallServer()]
