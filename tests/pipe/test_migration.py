@@ -154,6 +154,32 @@ def test_migrated_response_equals_the_unmigrated_one_under_the_same_seed(engine_
         router.close()
 
 
+@pytest.mark.usefixtures("one_torch_thread")
+def test_overlap_defers_a_long_request_on_real_servers_and_answers_it_with_the_next_step(engine_servers):
+    long = {"max_new_tokens": 96, "ignore_eos": True, "sampling_seed": 7, "temperature": 1.0}
+    short = {"max_new_tokens": 2, "ignore_eos": True, "sampling_seed": 1}
+    http = engine_servers[0].client._http
+    expected = http.post("/generate", json={"input_ids": [1, 5, 9], "sampling_params": long}).json()["output_ids"]
+    cfg = RouterConfig(
+        backends=[s.url for s in engine_servers], overlap=True, planner=PlannerConfig(tail_fraction=1.0)
+    )
+    router = Router(cfg)
+    router.start()
+    try:
+        pids = ["long", "short0", "short1", "short2"]
+        for pid in pids:
+            router.predictor.add(pid, 0, [2, 2, 2])  # history says 2 tokens: 96 is an outlier
+        first = router.overlap_step(1, [(pid, [1, 5, 9]) for pid in pids], 1, {}, item_params=[long] + [short] * 3)
+        assert first.deferred == [0], "the long request was expected to be deferred"
+        assert all(len(o["output_ids"]) == 2 for o in first.results[1:])
+        second = router.overlap_step(2, [("short0", [1, 5, 9])], 1, short)
+        late = second.carried + router.drain()  # with step 2 or, if step 2 was quicker still, with the drain
+        assert [o["meta_info"]["histopipe"]["step"] for o in late] == [1] and late[0]["output_ids"] == expected
+        assert late[0]["meta_info"]["histopipe"]["migrated_from"] == []  # deferred, not migrated
+    finally:
+        router.close()
+
+
 @pytest.mark.parametrize(
     ("route", "body", "field"),
     [
