@@ -384,6 +384,9 @@ class Router:
 
         Example: a straggler of step 3 is ``None`` in step 3's ``results`` (its index in ``deferred``) and its
         answer is in step 4's ``carried``, with ``meta_info.histopipe.step == 3``.
+
+        A step call that fails once dispatched (503, a backend's 4xx) also drops the earlier steps' deferred
+        requests it had taken over: their answers are not returned by any later call.
         """
         if not self.config.overlap:
             raise RouterError(409, "RouterConfig.overlap is off: call run_step")
