@@ -7,7 +7,12 @@ replays the first ``--steps`` steps of a recorded trace through the router once 
 step by step, ``--repeats`` times with fresh routers): every prompt's G samples, each forced to its recorded length times ``--length-scale``
 (``ignore_eos``; seeded, so every policy runs the same work). Step makespan and idle come from the servers' own
 timestamps (``meta_info.server_received`` / ``server_answered`` of every request, pipe/timeline.py); the
-simulator (pipe/simulator.py) replays the same steps with the cost model fitted to both calibrations. Example::
+simulator (pipe/simulator.py) replays the same steps with the cost model fitted to both calibrations.
+
+``--overlap``: every router runs one-step overlap (``RouterConfig.overlap``: deferred stragglers come back with the
+next step call, the rest with a final drain), so the policies run one after another instead of interleaved (a
+policy's deferred requests would run into the next policy's step); makespan and idle are then the whole run's
+(first request received to last answered), against the simulator's overlap mode. Example::
 
     histospec bench pipe-servers --steps 8 --json     # the last stdout line holds every figure
 """
@@ -36,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
     parser.add_argument("--speculative-algorithm", choices=("NONE", "HISTOSPEC"), default="NONE")
     parser.add_argument("--no-migrate", dest="migrate", action="store_false", help="router without migration")
+    parser.add_argument("--overlap", action="store_true", help="one-step overlap (deferral) in router and simulator")
     parser.add_argument(
         "--max-running", type=int, default=8, help="batch cap of each server (more requests queue, as when KV is full)"
     )
@@ -104,14 +110,32 @@ def fit_cost(samples: list, prefill: float, max_running: int):  # noqa: ANN201
 class _PolicyRun:
     """One policy's router over the servers; ``step`` replays a trace step and measures it."""
 
-    def __init__(self, urls: list[str], policy: str, cost, migrate: bool) -> None:  # noqa: ANN001
+    def __init__(self, urls: list[str], policy: str, cost, migrate: bool, overlap: bool = False) -> None:  # noqa: ANN001
         from sglang_histospec.router.router import Router, RouterConfig
 
-        config = RouterConfig(backends=urls, policy=policy, migrate_outliers=migrate, health_interval_s=5.0)
+        config = RouterConfig(
+            backends=urls, policy=policy, migrate_outliers=migrate, health_interval_s=5.0, overlap=overlap
+        )
         self.router = Router(config, cost)
         self.router.start()
         self.index = {b.url: i for i, b in enumerate(self.router.backends)}
         self.steps: list[dict] = []
+        self.lengths: dict[tuple[int, int], int] = {}  # (step, index) -> forced length
+        self.intervals: dict[int, list[tuple[float, float]]] = {}  # the whole run's, per worker
+        self.answered: set[tuple[int, int]] = set()
+
+    def _timeline(self, answers: list[dict]) -> dict[int, list[tuple[float, float]]]:
+        """Check every answer's forced length; its requests' server intervals per worker (kept for the run)."""
+        by_worker: dict[int, list[tuple[float, float]]] = {}
+        for out in answers:
+            hp = out["meta_info"]["histopipe"]
+            key = (hp["step"], hp["index"])
+            assert key not in self.answered and len(out["output_ids"]) == self.lengths[key], "answered twice or cut"
+            self.answered.add(key)
+            for url, a, b in hp["intervals"]:
+                by_worker.setdefault(self.index[url], []).append((a, b))
+                self.intervals.setdefault(self.index[url], []).append((a, b))
+        return by_worker
 
     def step(self, sw, ids: list) -> None:  # noqa: ANN001
         from sglang_histospec.pipe.timeline import measure_step
@@ -122,32 +146,46 @@ class _PolicyRun:
             for s, n in enumerate(ns)
         ]
         base = {"temperature": 1.0, "ignore_eos": True}
-        results = self.router.run_step(sw.step, ids, sw.groups[0].size, base, item_params=item_params)
-        by_worker: dict[int, list[tuple[float, float]]] = {}
-        for out, want in zip(results, item_params):
-            assert len(out["output_ids"]) == want["max_new_tokens"], "a forced length was not honoured"
-            for url, a, b in out["meta_info"]["histopipe"]["intervals"]:
-                by_worker.setdefault(self.index[url], []).append((a, b))
-        t = measure_step(by_worker, len(self.index))
+        self.lengths.update(((sw.step, i), p["max_new_tokens"]) for i, p in enumerate(item_params))
+        if self.router.config.overlap:
+            got = self.router.overlap_step(sw.step, ids, sw.groups[0].size, base, item_params=item_params)
+            answers = [o for o in got.results if o is not None] + got.carried
+        else:
+            answers = self.router.run_step(sw.step, ids, sw.groups[0].size, base, item_params=item_params)
+            for i, out in enumerate(answers):  # synchronous answers are untagged: tag them as an overlap router does
+                out["meta_info"]["histopipe"].update(step=sw.step, index=i)
+        t = measure_step(self._timeline(answers), len(self.index))
         self.steps.append({"step": sw.step, "makespan": t.makespan, "idle_s": t.idle_s})
 
     def close(self) -> dict:
-        migrations = self.router.migrations
+        from sglang_histospec.pipe.timeline import measure_step
+
+        W = len(self.index)
+        drained = self.router.drain() if self.router.config.overlap else []
+        if drained:
+            self._timeline(drained)
+        migrations = self.router.migrations + self.router.deferred
         self.router.close()
-        span = sum(s["makespan"] for s in self.steps)
-        idle = sum(s["idle_s"] for s in self.steps)
-        return {"makespan": span, "idle_fraction": idle / (len(self.index) * span), "migrations": migrations,
+        if self.router.config.overlap:  # steps overlap: the whole run's makespan and idle
+            t = measure_step(self.intervals, W)
+            span, idle = t.makespan, t.idle_s
+        else:
+            span = sum(s["makespan"] for s in self.steps)
+            idle = sum(s["idle_s"] for s in self.steps)
+        assert self.answered == set(self.lengths), "a request was not answered"
+        return {"makespan": span, "idle_fraction": idle / (W * span), "migrations": migrations,
                 "per_step": self.steps}  # fmt: skip
 
 
-def _simulate(policy: str, workers: int, cost, work) -> dict:  # noqa: ANN001
+def _simulate(policy: str, workers: int, cost, work, overlap: bool = False) -> dict:  # noqa: ANN001
     from sglang_histospec.pipe.lengths import LengthPredictorConfig
     from sglang_histospec.pipe.planner import PlannerConfig
     from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator
 
-    sim = PipeSimulator(PipeSimConfig(workers=workers), PlannerConfig(policy=policy), cost, LengthPredictorConfig(2))
-    r = sim.run(work)
-    return {"makespan": sum(s.makespan for s in r.per_step), "idle_fraction": r.idle_fraction,
+    config = PipeSimConfig(workers=workers, overlap=overlap)
+    r = PipeSimulator(config, PlannerConfig(policy=policy), cost, LengthPredictorConfig(2)).run(work)
+    span = r.makespan if overlap else sum(s.makespan for s in r.per_step)
+    return {"makespan": span, "idle_fraction": r.idle_fraction,
             "migrations": r.migrations, "per_step": [s.makespan for s in r.per_step]}  # fmt: skip
 
 
@@ -208,16 +246,22 @@ def run(args: argparse.Namespace) -> int:
         before, prefill_before = calibrate(clients, prompts[0][0][1], args.max_running)
         cost = fit_cost(before, prefill_before, args.max_running)  # the routers plan with it
         out = {"benchmark": "pipe-servers", "trace": args.trace, "servers": args.servers, "steps": len(work),
+               "overlap": args.overlap,
                "requests_per_step": sum(g.size for g in work[0].groups), "max_running": args.max_running,
                "length_scale": args.length_scale, "cost_model_before": asdict(cost.config),
                "calibration_before": before, "results": []}  # fmt: skip
         measured: dict[str, list[dict]] = {p: [] for p in policies}
         for _ in range(args.repeats):  # fresh routers (empty history) per repeat
-            runs = {p: _PolicyRun([s.url for s in servers], p, cost, args.migrate) for p in policies}
-            for k, (sw, ids) in enumerate(zip(work, prompts)):  # policies interleaved step by step (load drifts)
+            runs = {p: _PolicyRun([s.url for s in servers], p, cost, args.migrate, args.overlap) for p in policies}
+            if args.overlap:  # one policy after another: deferred requests run on into the next step
+                for p in policies:
+                    for sw, ids in zip(work, prompts):
+                        runs[p].step(sw, ids)
+                    measured[p].append(runs.pop(p).close())
+            for k, (sw, ids) in enumerate(zip(work, prompts) if runs else ()):  # policies interleaved (load drifts)
                 for p in policies[k % len(policies) :] + policies[: k % len(policies)]:
                     runs[p].step(sw, ids)
-            for p in policies:
+            for p in list(runs):
                 measured[p].append(runs.pop(p).close())
         # calibrated again after the run: the machine's load drifts; the simulator uses both (pooled)
         after, prefill_after = calibrate(clients, prompts[0][0][1], args.max_running)
@@ -228,10 +272,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'policy':>11} {'measured_s':>10} {'warm_s':>7} {'idle':>6} {'moved':>5} {'sim_s':>7} {'sim_warm':>8} "
               f"{'sim_idle':>8} {'sim/meas':>8}")  # fmt: skip
         for policy in policies:
-            sim = _simulate(policy, args.servers, pooled, work)
+            sim = _simulate(policy, args.servers, pooled, work, args.overlap)
             row = _summary(measured[policy], sim, warm)
             for name, samples, pre in (("before", before, prefill_before), ("after", after, prefill_after)):
-                alone = _simulate(policy, args.servers, fit_cost(samples, pre, args.max_running), work)
+                alone = _simulate(policy, args.servers, fit_cost(samples, pre, args.max_running), work, args.overlap)
                 row[f"sim_over_measured_{name}"] = alone["makespan"] / row["makespan"]
             out["results"].append({"policy": policy, **row, "repeats": measured[policy], "simulated": sim})
             print(

@@ -28,9 +28,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--health-interval-s", type=float, default=2.0)
     parser.add_argument("--request-timeout-s", type=float, default=600.0)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="one-step overlap (one step off-policy): a step returns without its deferred stragglers, which come "
+        "back with the next step ('carried') or POST /histopipe/drain",
+    )
+    parser.add_argument("--max-deferrals", type=int, default=1, help="with --overlap: times a request may be deferred")
+    parser.add_argument(
+        "--defer-step-factor",
+        type=float,
+        default=None,
+        help="with --overlap: in the tail, also defer a request past this x the step's mean predicted length",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from sglang_histospec.pipe.planner import PlannerConfig
     from sglang_histospec.router.app import create_app
     from sglang_histospec.router.router import Router, RouterConfig
     from sglang_histospec.server.launch import check_bind, limits_from_args, run_app
@@ -45,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
             request_timeout_s=args.request_timeout_s,
             limits=limits_from_args(args),
             max_request_bytes=args.max_request_bytes,
+            overlap=args.overlap,
+            planner=PlannerConfig(
+                policy=args.policy, max_deferrals=args.max_deferrals, defer_step_factor=args.defer_step_factor
+            ),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -356,6 +356,26 @@ def outlier_threshold(estimate: LengthEstimate, config: PlannerConfig) -> float:
     return max(config.outlier_factor * estimate.mean, estimate.quantile(0.9))
 
 
+def defer_threshold(estimate: LengthEstimate, config: PlannerConfig, step_mean: float) -> float:
+    """Tokens past which one-step overlap defers a running request: :func:`outlier_threshold`, and with
+    ``defer_step_factor`` F at most F x ``step_mean`` (the mean predicted length of the request's step).
+
+    Example: mean 100, p90 140, factor 1.5: 150; with ``defer_step_factor=2`` and a step mean of 60: 120.
+    """
+    limit = outlier_threshold(estimate, config)
+    f = config.defer_step_factor
+    return limit if f is None else min(limit, f * step_mean)
+
+
+def remaining_length(estimate: LengthEstimate, emitted: float) -> int:
+    """Predicted tokens a running request still emits after ``emitted``: its prompt's mean minus what it emitted,
+    at least a tenth of the mean (it has outrun its prediction) and 1.
+
+    Example: mean 100: 60 after 40 emitted, 10 after 150.
+    """
+    return int(max(estimate.mean - emitted, 0.1 * estimate.mean, 1))
+
+
 def in_tail(unfinished: int, total: int, config: PlannerConfig) -> bool:
     """True once at most ``tail_fraction`` of the step's ``total`` requests are unfinished."""
     return total > 0 and unfinished <= config.tail_fraction * total

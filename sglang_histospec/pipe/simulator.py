@@ -36,8 +36,10 @@ from sglang_histospec.pipe.planner import (
     Planner,
     PlannerConfig,
     StepPlan,
+    defer_threshold,
     in_tail,
     outlier_threshold,
+    remaining_length,
 )
 from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.pipe.worker_sim import WorkerSim
@@ -203,6 +205,7 @@ class _Run:
         self.todo: dict[tuple[int, int], list[tuple]] = {}  # (step index, worker) -> keys not yet submitted
         self.reqs: dict[tuple, _Req] = {}
         self.plans: dict[int, StepPlan] = {}
+        self.step_mean: dict[int, float] = {}  # mean predicted length of each planned step
         n = len(steps)
         self.unfinished = [sum(g.size for g in s.groups) for s in steps]
         self.total = list(self.unfinished)
@@ -286,6 +289,7 @@ class _Run:
                 predictor.add(g.prompt_id, work.step, ns)
         plan = self.sim.planner.plan(work.step, work.groups, len(self.workers), predictor, backlog=backlog)
         self.plans[s] = plan
+        self.step_mean[s] = plan.mean_predicted()
         self.history[s] = sum(predictor.predict(g.prompt_id).known for g in work.groups) / len(work.groups)
         for w, reqs in enumerate(plan.workers):
             keys = []
@@ -304,8 +308,7 @@ class _Run:
 
     def _remaining(self, key: tuple, generated: int) -> int:
         r = self.reqs[key]
-        emitted = r.done + generated
-        return int(max(r.estimate.mean - emitted, 0.1 * r.estimate.mean, 1))
+        return remaining_length(r.estimate, r.done + generated)
 
     # ---- events --------------------------------------------------------------------------------------------
     def _finished(self, key: tuple, t: float, w: int) -> None:
@@ -371,11 +374,9 @@ class _Run:
 
     def _threshold(self, s: int, r: _Req) -> float:
         """Tokens past which running request ``r`` of step ``s`` is acted on (see ``PlannerConfig``)."""
-        limit = outlier_threshold(r.estimate, self.pcfg)
-        f = self.pcfg.defer_step_factor
-        if self.cfg.overlap and f is not None:
-            limit = min(limit, f * self.plans[s].mean_predicted())
-        return limit
+        if self.cfg.overlap:
+            return defer_threshold(r.estimate, self.pcfg, self.step_mean[s])
+        return outlier_threshold(r.estimate, self.pcfg)
 
     def _tail_changed(self) -> bool:
         """True when a step just entered its tail (its first scan is due)."""

@@ -11,7 +11,10 @@ server's (``server/schemas.py``, ``server/http_api.py``), not copies.
 * Answered by the router: ``GET /health`` (200 while a backend is healthy), ``GET /histospec/stats`` (the
   servers' counters summed), ``GET /metrics`` (Prometheus, per backend), ``POST /histopipe/step``
   (``{"step", "prompts": [{"prompt_id", "input_ids"}], "group_size", "sampling_params", "return_logprob"}`` ->
-  ``{"step", "results"}``, prompt i's sample j at ``i * group_size + j``), ``GET /histopipe/stats``.
+  ``{"step", "results"}``, prompt i's sample j at ``i * group_size + j``), ``GET /histopipe/stats``. With
+  one-step overlap (``RouterConfig.overlap``) a step answers ``{"step", "results", "deferred", "carried"}``
+  (``results[i]`` null for a deferred request, answered in a later call's ``carried``) and ``POST
+  /histopipe/drain`` -> ``{"carried"}`` waits for every deferred request still running.
 
 A client that goes away while its /generate or step runs gets its requests aborted on the backends.
 """
@@ -68,6 +71,10 @@ def create_app(router: Router) -> FastAPI:
             return router.step(body, on_rids)
 
         return await _run_cancellable(request, router, work)
+
+    @app.post("/histopipe/drain")
+    def drain() -> dict[str, Any]:
+        return {"carried": router.drain()}
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Any:

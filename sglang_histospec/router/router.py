@@ -18,6 +18,14 @@ to an idle backend, with the same sampling params and ``custom_params.seed_offse
 seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
 samples the continuation afresh). The answer is the two parts joined; ``meta_info.histopipe.migrated_from``
 names the first backend. Plain ``/generate`` forwarding keeps the batched calls.
+
+One-step overlap (``overlap``, opt-in; :meth:`Router.overlap_step`): the simulator's deferral rule replaces
+migration. While a step is in its tail, a request past its deferral threshold (pipe/migration.py
+``pick_deferrals``: ``outlier_factor``, ``max_deferrals``, ``defer_step_factor``) is no longer waited for: the
+step call returns once its other requests are answered, the deferred ones keep running on their backends and their
+answers come back with the next step call (``carried``), or :meth:`Router.drain`. A carried request counts for the
+step that receives it (its tail, its deferral rule) and its backend's remaining work is the ``backlog`` of that
+step's plan. Each answer says the step it was submitted in and the weight version then (``meta_info.histopipe``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import httpx
 from sglang_histospec.drafting.prompt_ids import explicit_prompt_id, prompt_id_for
 from sglang_histospec.drafting.types import tau
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
-from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
+from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig
 from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.server.client import HistoSpecClient
@@ -81,6 +89,7 @@ BACKEND_COUNTERS = (
     "resubmitted_in",
     "migrated_out",
     "migrated_in",
+    "deferred",
 )
 """Per-backend counters in ``/metrics`` (``histopipe_backend_<name>_total``)."""
 
@@ -114,7 +123,14 @@ class RouterConfig:
     max_inflight: int = 256
     """With migration: at most this many /generate calls in flight at once (the rest wait in the router)."""
     planner: PlannerConfig | None = None
-    """Outlier rule (``outlier_factor``, ``tail_fraction``) and planner settings; None = defaults with ``policy``."""
+    """Outlier rule (``outlier_factor``, ``tail_fraction``, with overlap ``max_deferrals`` and
+    ``defer_step_factor``) and planner settings; None = defaults with ``policy``."""
+    overlap: bool = False
+    """One-step overlap, opt-in (its data is one step off-policy): a step (:meth:`Router.overlap_step`,
+    ``POST /histopipe/step``) returns once the requests the deferral rule does not defer are answered; deferred
+    ones keep running and are answered with the next step call or :meth:`Router.drain` (``POST
+    /histopipe/drain``). Outliers are deferred, not migrated. Needs ``migrate_outliers`` (one call per request).
+    False = synchronous steps (:meth:`Router.run_step`)."""
 
     limits: RequestLimits = field(default_factory=RequestLimits)
     """The same client limits as a server's (checked before anything is forwarded)."""
@@ -133,6 +149,8 @@ class RouterConfig:
             raise ValueError(f"RouterConfig.outlier_check_s={self.outlier_check_s!r}: must be > 0 seconds")
         if not (isinstance(self.max_inflight, int) and self.max_inflight >= 1):
             raise ValueError(f"RouterConfig.max_inflight={self.max_inflight!r}: must be an int >= 1")
+        if self.overlap and not self.migrate_outliers:
+            raise ValueError("RouterConfig.overlap needs migrate_outliers=True (one /generate call per request)")
         if self.planner is not None and self.planner.policy != self.policy:
             raise ValueError(
                 f"RouterConfig.planner.policy={self.planner.policy!r} differs from policy={self.policy!r}: set one"
@@ -154,6 +172,23 @@ class Backend:
 
 class _BackendDown(Exception):
     pass
+
+
+@dataclass(slots=True)
+class StepAnswers:
+    """The answer of a step call with one-step overlap (:meth:`Router.overlap_step`, ``POST /histopipe/step``)."""
+
+    step: int
+    results: list[dict[str, Any] | None]
+    """This step's answers in request order (prompt i, sample j at i * G + j); None where deferred."""
+    deferred: list[int]
+    """Indices in ``results`` of the requests still running: they are answered with a later call (``carried``)."""
+    carried: list[dict[str, Any]]
+    """Answers of earlier steps' deferred requests that finished by now: ``meta_info.histopipe.step`` and
+    ``.index`` say which request of which step, ``.weight_version`` the weight version when it was sent."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "results": self.results, "deferred": self.deferred, "carried": self.carried}
 
 
 def _error_of(response: httpx.Response) -> ApiError:
@@ -204,6 +239,10 @@ class Router:
         self._model_limits: ModelLimits | None = None
         self._weights: dict[str, Any] | None = None  # the last weight update every backend took
         self.steps = 0
+        self.deferred = 0  # requests a step call returned without (answered with a later call)
+        self.weight_version: str | None = None  # the last weight_version sent through update_weights
+        self._carry: _Flights | None = None  # with overlap: the last step's requests still running
+        self._overlap_lock = threading.Lock()  # with overlap: one step (or drain) at a time
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -295,6 +334,11 @@ class Router:
         rids = [uuid.uuid4().hex for _ in range(len(prompts) * body.group_size)]
         if on_rids is not None:
             on_rids(rids)
+        if self.config.overlap:
+            answers = self.overlap_step(
+                step_no, prompts, body.group_size, sp, return_logprob=body.return_logprob, rids=rids
+            )
+            return answers.to_json()
         results = self.run_step(step_no, prompts, body.group_size, sp, body.return_logprob, rids)
         return {"step": step_no, "results": results}
 
@@ -313,7 +357,100 @@ class Router:
         Each answer is the backend's SGLang item plus ``meta_info.histopipe`` = ``{"backend", "attempts", ...}``.
         ``rids``: one request id per sample (default: fresh ones), for aborting them. ``item_params``: per request
         (index i*G+j), sampling params merged over ``sampling_params`` (e.g. one seed per sample).
+        Synchronous only: with ``overlap`` call :meth:`overlap_step`.
         """
+        if self.config.overlap:
+            raise RouterError(409, "RouterConfig.overlap is on: call overlap_step (its answer has deferred requests)")
+        options = {"return_logprob": return_logprob, "rids": rids, "item_params": item_params}
+        items, placement, predicted, estimates = self._plan_step(
+            step, prompts, group_size, sampling_params, self._live(), **options
+        )
+        results = [outs[0] for outs in self._dispatch(items, placement, predicted, estimates=estimates)]
+        self._observe(step, items, results)
+        return results
+
+    def overlap_step(
+        self,
+        step: int,
+        prompts: Sequence[tuple[str, list[int]]],
+        group_size: int,
+        sampling_params: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> StepAnswers:
+        """:meth:`run_step` (the same arguments: ``options`` are its ``return_logprob``, ``rids``,
+        ``item_params``) with one-step overlap (``RouterConfig.overlap``): returns once the step's requests
+        that the deferral rule leaves alone are answered, with the answers of earlier steps' deferred requests
+        that finished meanwhile (:class:`StepAnswers`). One step call at a time (a second one waits).
+
+        Example: a straggler of step 3 is ``None`` in step 3's ``results`` (its index in ``deferred``) and its
+        answer is in step 4's ``carried``, with ``meta_info.histopipe.step == 3``.
+
+        A step call that fails once dispatched (503, a backend's 4xx) also drops the earlier steps' deferred
+        requests it had taken over: their answers are not returned by any later call.
+        """
+        if not self.config.overlap:
+            raise RouterError(409, "RouterConfig.overlap is off: call run_step")
+        with self._overlap_lock:
+            live = self._live()
+            carry = self._carry
+            backlog = None if carry is None else carry.backlog([self.backends.index(b) for b in live])
+            items, placement, predicted, estimates = self._plan_step(
+                step, prompts, group_size, sampling_params, live, backlog, **options
+            )
+            self._carry = None  # the new step takes the carried requests over, or they are lost with it
+            flights = _Flights(self, items, predicted, estimates, step=step, carry=carry, defer=True)
+            flights.run(placement)
+            return self._deliver(step, flights)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """With ``overlap``: wait for every deferred request still running and return their answers (as in
+        :attr:`StepAnswers.carried`); ``[]`` when none runs. Call it after the last step."""
+        with self._overlap_lock:
+            carry, self._carry = self._carry, None
+            if carry is None:
+                return []
+            flights = _Flights(self, [], [], [], step=carry.step, carry=carry, defer=False)
+            flights.run({})
+            return self._deliver(None, flights).carried
+
+    def _deliver(self, step: int | None, flights: _Flights) -> StepAnswers:
+        """Feed the predictor with what ``flights`` answered, keep what still runs for the next step call."""
+        answers = flights.answers(step)
+        with self._lock:
+            for i, f in flights.flights.items():
+                out = flights.results[i]
+                if out is not None:
+                    self._observe_one(f.step, flights.items[i], out)
+            if step is not None:
+                self.steps += 1
+        self._carry = flights if flights.pending() else None
+        return answers
+
+    def _observe(self, step: int, items: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+        with self._lock:
+            for item, out in zip(items, results):
+                self._observe_one(step, item, out)
+            self.steps += 1
+
+    def _observe_one(self, step: int, item: dict[str, Any], out: dict[str, Any]) -> None:
+        pid = item_prompt_id(item)
+        if pid is not None:
+            self.predictor.observe(pid, max(0, step), _completion_tokens(out))
+
+    def _plan_step(
+        self,
+        step: int,
+        prompts: Sequence[tuple[str, list[int]]],
+        group_size: int,
+        sampling_params: dict[str, Any] | None,
+        live: list[Backend],
+        backlog: list[float] | None = None,
+        *,
+        return_logprob: bool = False,
+        rids: list[str] | None = None,
+        item_params: Sequence[dict[str, Any]] | None = None,
+    ) -> tuple[list[dict[str, Any]], dict[int, list[int]], list[float], list[LengthEstimate]]:
+        """A step's items, placement (backend index -> item indices), predicted lengths and estimates."""
         if not isinstance(group_size, int) or group_size < 1:
             raise RouterError(400, f"group_size: must be an int >= 1, got {group_size!r}", "group_size")
         if not prompts:
@@ -322,10 +459,9 @@ class Router:
             raise RouterError(
                 400, f"item_params has {len(item_params)} entries for {len(prompts) * group_size} requests"
             )
-        live = self._live()
         groups = [Group(pid, group_size, len(ids)) for pid, ids in prompts]
         with self._lock:
-            plan = self.planner.plan(step, groups, len(live), self.predictor)
+            plan = self.planner.plan(step, groups, len(live), self.predictor, backlog=backlog)
         items: list[dict[str, Any]] = []
         for pid, ids in prompts:
             for _ in range(group_size):
@@ -340,13 +476,7 @@ class Router:
         predicted = [plan.predicted_lengths[i // group_size] for i in range(len(items))]
         with self._lock:
             estimates = [self.predictor.predict(pid) for pid, _ in prompts for _ in range(group_size)]
-        results = [outs[0] for outs in self._dispatch(items, placement, predicted, estimates=estimates)]
-        with self._lock:
-            for i, out in enumerate(results):
-                pid = prompts[i // group_size][0]
-                self.predictor.observe(pid, max(0, step), _completion_tokens(out))
-            self.steps += 1
-        return results
+        return items, placement, predicted, estimates
 
     # ---- plain /generate ---------------------------------------------------------------------------------
     def generate(self, body: dict[str, Any] | GenerateBody, on_rids: Callable[[list[str]], None] | None = None) -> Any:
@@ -427,6 +557,8 @@ class Router:
         """Fan a weight update out to every healthy backend; remembered, so a backend that comes back loads it."""
         answers = self._fan_out("/update_weights_from_disk", raw)
         self._weights = dict(raw)
+        if raw.get("weight_version") is not None:
+            self.weight_version = str(raw["weight_version"])
         messages = {a.get("message") for a in answers.values() if isinstance(a, dict)}
         message = messages.pop() if len(messages) == 1 else "Succeeded to update model weights."
         return {"success": True, "message": message, "num_paused_requests": 0, "backends": answers}
@@ -597,11 +729,18 @@ class Router:
         backend.count("failures")
 
     # ---- observability -----------------------------------------------------------------------------------
+    def carried(self) -> int:
+        """With overlap: deferred requests still running, to be answered with the next step call or drain."""
+        carry = self._carry
+        return 0 if carry is None else len(carry.pending())
+
     def stats(self) -> dict[str, Any]:
         return {
             "policy": self.config.policy,
             "steps": self.steps,
             "migrations": self.migrations,
+            "deferred": self.deferred,
+            "carried": self.carried(),
             "prompts_with_history": len(self.predictor),
             "backends": [
                 {"url": b.url, "healthy": b.healthy, "outstanding_tokens": b.outstanding, **b.counters}
@@ -643,6 +782,8 @@ class Router:
             ]
         lines += ["# TYPE histopipe_steps_total counter", f"histopipe_steps_total {self.steps}"]
         lines += ["# TYPE histopipe_migrations_total counter", f"histopipe_migrations_total {self.migrations}"]
+        lines += ["# TYPE histopipe_deferred_total counter", f"histopipe_deferred_total {self.deferred}"]
+        lines += ["# TYPE histopipe_carried_requests gauge", f"histopipe_carried_requests {self.carried()}"]
         return "\n".join(lines) + "\n"
 
 
@@ -662,15 +803,31 @@ class _Flight:
     head: dict[str, Any] | None = None  # the aborted part's answer (output_ids, text, logprobs) once migrated
     sources: list[str] = field(default_factory=list)
     intervals: list[list[Any]] = field(default_factory=list)  # [backend url, server_received, server_answered]
+    step: int = 0  # the step it was submitted in, and its index there
+    index: int = 0
+    weight_version: str | None = None  # the router's weight version when it was first sent
+    deferrals: int = 0  # times the deferral rule passed it on (one-step overlap)
+    passed: int = 0  # step calls that returned without it
 
 
 class _Flights:
-    """Per-request dispatch with outlier migration (see the module docstring); one instance per step."""
+    """Per-request dispatch with outlier migration or, with ``defer``, deferral (see the module docstring); one
+    instance per step call. Items ``[0, own)`` are the step's own; after them come the requests that ``carry``
+    (the previous step call's instance) deferred and that still run, taken over with their backend calls."""
 
     def __init__(
-        self, router: Router, items: list[dict[str, Any]], predicted: list[float], estimates: list[LengthEstimate]
+        self,
+        router: Router,
+        items: list[dict[str, Any]],
+        predicted: list[float],
+        estimates: list[LengthEstimate],
+        step: int = 0,
+        carry: _Flights | None = None,
+        defer: bool = False,
     ) -> None:
-        self.router, self.items, self.predicted, self.estimates = router, items, predicted, estimates
+        self.router, self.items, self.predicted, self.estimates = router, list(items), list(predicted), list(estimates)
+        self.step, self.own, self.defer = step, len(items), defer
+        self.step_mean = sum(predicted) / len(predicted) if predicted else 0.0  # = the plan's mean_predicted()
         self.results: list[dict[str, Any] | None] = [None] * len(items)
         self.flights: dict[int, _Flight] = {}
         self.running: dict[Future, int] = {}
@@ -678,14 +835,57 @@ class _Flights:
         self.tag = uuid.uuid4().hex[:12]
         self.held: dict[int, deque[int]] = {}  # per backend, requests not sent yet, in plan order
         self.inflight: dict[int, int] = {}
+        self.deferred: set[int] = set()  # requests this step call no longer waits for
         self.cap = router.planner.cost.config.max_running
+        if carry is not None:
+            self._adopt(carry)
 
-    def run(self, placement: dict[int, list[int]]) -> list[dict[str, Any]]:
+    def _adopt(self, carry: _Flights) -> None:
+        """Take over ``carry``'s unanswered requests (oldest step first), their running calls and held queues."""
+        moved: dict[int, int] = {}
+        for j in sorted(carry.pending(), key=lambda j: (carry.flights[j].step, carry.flights[j].index)):
+            moved[j] = len(self.items)
+            self.items.append(carry.items[j])
+            self.predicted.append(carry.predicted[j])
+            self.estimates.append(carry.estimates[j])
+            self.results.append(None)
+            self.flights[moved[j]] = carry.flights[j]
+        self.running = {fut: moved[j] for fut, j in carry.running.items()}
+        self.held = {b: deque(moved[j] for j in q) for b, q in carry.held.items()}
+        self.inflight = dict(carry.inflight)
+
+    def pending(self) -> list[int]:
+        """Indices of the requests not answered yet (after :meth:`run`: the deferred ones still running)."""
+        return [i for i, r in enumerate(self.results) if r is None]
+
+    def backlog(self, backends: list[int]) -> list[float]:
+        """Per backend of ``backends``, predicted seconds its pending requests still take (the next plan's
+        ``backlog``)."""
+        now = time.monotonic()
+        flights = [
+            dataclasses.replace(f, worker=backends.index(f.worker))
+            for f in self._in_flight(now, self.pending())
+            if f.worker in backends
+        ]
+        return backlog_s(flights, len(backends), decode_rate(self.rates), self.router.planner.cost)
+
+    def answers(self, step: int | None) -> StepAnswers:
+        """What this step call returns: its own answers (None where deferred), the carried ones that landed."""
+        own = self.results[: self.own]
+        carried = [r for r in self.results[self.own :] if r is not None]
+        return StepAnswers(
+            self.step if step is None else step, own, [i for i, r in enumerate(own) if r is None], carried
+        )
+
+    def run(self, placement: dict[int, list[int]]) -> list[dict[str, Any] | None]:
+        """Send ``placement`` and wait until every request is answered, or deferred (then it keeps running)."""
+        ok = False
         try:
             for b, idx in placement.items():
                 for i in idx:
                     self._submit(i, b, self.items[i])
-            while self.running:
+            while any(r is None and i not in self.deferred for i, r in enumerate(self.results)):
+                assert self.running, "requests wait but none runs"
                 done, _ = wait(
                     list(self.running), timeout=self.router.config.outlier_check_s, return_when=FIRST_COMPLETED
                 )
@@ -694,20 +894,31 @@ class _Flights:
                 for fut in done:
                     self._landed(self.running.pop(fut), fut)
                 self._scan()
+            ok = True
         finally:
             with self.router._lock:
-                for f in self.flights.values():
-                    self.router._current_rids.pop(f.base, None)
-                    self.router._aborted.discard(f.base)
-        assert all(r is not None for r in self.results), "a request was lost"
-        return self.results  # type: ignore[return-value]
+                for i, f in self.flights.items():
+                    if not ok or self.results[i] is not None:  # a request still running keeps its rid mapping
+                        self.router._current_rids.pop(f.base, None)
+                        self.router._aborted.discard(f.base)
+        for i in self.pending():
+            f = self.flights[i]
+            f.passed += 1
+            self.router.backends[f.backend].count("deferred")
+            with self.router._lock:
+                self.router.deferred += 1
+        assert self.defer or not self.pending(), "a request was lost"
+        return self.results
 
     def _submit(self, i: int, b: int, item: dict[str, Any]) -> None:
         backend = self.router.backends[b]
         f = self.flights.get(i)
         if f is None:
             rid = item.get("rid") or f"hp-{self.tag}-{i}"
-            f = self.flights[i] = _Flight(b, rid, time.monotonic(), base=rid)
+            version = self.router.weight_version
+            f = self.flights[i] = _Flight(
+                b, rid, time.monotonic(), rid, step=self.step, index=i, weight_version=version
+            )
         else:
             f.backend, f.started, f.decoding, f.attempts = b, time.monotonic(), None, f.attempts + 1
             f.rid = f"{f.base}~{f.attempts}"
@@ -805,9 +1016,44 @@ class _Flights:
             "migrated_from": f.sources,
             "intervals": f.intervals,
         }
+        if self.router.config.overlap:
+            meta["histopipe"].update(step=f.step, index=f.index, deferrals=f.passed, weight_version=f.weight_version)
         return final
 
+    def _in_flight(self, now: float, indices: Sequence[int]) -> list[InFlight]:
+        """The requests of ``indices`` that decode now (sent, not held back, no abort under way), as the rules
+        of pipe/migration.py see them."""
+        out = []
+        for i in indices:
+            f = self.flights[i]
+            if self.results[i] is not None or f.target is not None or f.decoding is None:
+                continue
+            if i in self.held.get(f.backend, ()):
+                continue
+            done = len((f.head or {}).get("output_ids") or [])
+            prompt = len(self.items[i].get("input_ids") or [])
+            out.append(InFlight(i, f.backend, now - f.decoding, done, self.estimates[i], f.moved, f.deferrals, prompt))
+        return out
+
     def _scan(self) -> None:
+        """Defer (``defer``) or migrate the outliers the rules of pipe/migration.py pick."""
+        if self.defer:
+            waiting = [i for i in range(len(self.items)) if self.results[i] is None and i not in self.deferred]
+            picks = pick_deferrals(
+                self._in_flight(time.monotonic(), waiting),
+                len(waiting),
+                len(self.items),
+                decode_rate(self.rates),
+                self.router.planner.config,
+                self.step_mean,
+            )
+            for i in picks:
+                self.flights[i].deferrals += 1
+                self.deferred.add(i)
+            return
+        self._migrations()
+
+    def _migrations(self) -> None:
         """Abort the outliers the migration rule picks (their answers come back through ``_landed``)."""
         live = [b for b, backend in enumerate(self.router.backends) if backend.healthy]
         busy = {b for b, n in self.inflight.items() if n > 0} | {b for b, q in self.held.items() if q}
@@ -815,14 +1061,7 @@ class _Flights:
         idle = [b for b in live if b not in busy]
         if not idle:
             return
-        now = time.monotonic()
-        pending = [i for i, f in self.flights.items() if self.results[i] is None and f.target is None and f.decoding]
-        pending = [i for i in pending if i not in self.held.get(self.flights[i].backend, ())]
-        flights = [
-            InFlight(i, f.backend, now - f.decoding, len((f.head or {}).get("output_ids") or []), self.estimates[i],
-                     f.moved)
-            for i, f in ((i, self.flights[i]) for i in pending)
-        ]  # fmt: skip
+        flights = self._in_flight(time.monotonic(), list(self.flights))
         unfinished = sum(r is None for r in self.results)
         picks = pick_migrations(
             flights, unfinished, len(self.items), idle, decode_rate(self.rates), self.router.planner.config

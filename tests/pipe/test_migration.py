@@ -3,19 +3,18 @@ stall a request and against real torch-engine servers (the migrated answer equal
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from sglang_histospec.pipe.lengths import LengthEstimate
-from sglang_histospec.pipe.migration import InFlight, decode_rate, pick_migrations
+from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import PlannerConfig
+from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 from sglang_histospec.router.router import Router, RouterConfig, RouterError
-from sglang_histospec.server.launch import free_port
+from tests.helpers.fake_servers import StallServer
+from tests.helpers.fake_servers import fake_token as _token
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
 
 KNOWN = LengthEstimate(100.0, {0.9: 120.0}, count=8, known=True)
@@ -59,75 +58,37 @@ def test_pick_migrations_refuses_a_bad_rate():
         pick_migrations([_f(1)], 1, 16, [1], -1.0, TAIL)
 
 
+def _d(key, elapsed=3.0, deferrals=0, estimate=KNOWN):
+    return InFlight(key, 0, elapsed, 0, estimate, deferrals=deferrals)
+
+
+@pytest.mark.parametrize(
+    ("flights", "unfinished", "rate", "config", "step_mean", "expected"),
+    [
+        ([_d(1)], 1, 60.0, TAIL, 100.0, [1]),  # 180 tokens > max(150, 120); no idle worker needed
+        ([_d(1, elapsed=2.0)], 1, 60.0, TAIL, 100.0, []),  # 120 tokens: not past 150
+        ([_d(1, elapsed=2.0)], 1, 60.0, PlannerConfig(tail_fraction=0.5, defer_step_factor=1.0), 100.0, [1]),
+        ([_d(1)], 9, 60.0, TAIL, 100.0, []),  # not in the tail
+        ([_d(1)], 1, None, TAIL, 100.0, []),  # no decode rate yet
+        ([_d(1, deferrals=1)], 1, 60.0, TAIL, 100.0, []),  # deferred once already (max_deferrals 1)
+        ([_d(1, deferrals=1)], 1, 60.0, PlannerConfig(tail_fraction=0.5, max_deferrals=2), 100.0, [1]),
+        ([_d(1, estimate=LengthEstimate(1.0))], 1, 60.0, TAIL, 100.0, []),  # no history
+        ([_d(1, elapsed=3.0), _d(2, elapsed=6.0)], 2, 60.0, TAIL, 100.0, [2, 1]),  # all of them, worst first
+    ],
+)
+def test_pick_deferrals(flights, unfinished, rate, config, step_mean, expected):
+    assert pick_deferrals(flights, unfinished, 16, rate, config, step_mean) == expected
+
+
+def test_backlog_is_the_remaining_work_of_each_workers_running_requests():
+    cost = CostModel(CostModelConfig(iteration_s=1.0, per_request_s=0.0, per_context_token_s=0.0, prefill_token_s=0.0))
+    # worker 1: 40 of 100 predicted tokens emitted (60 left) and one past its prediction (a tenth of it left)
+    flights = [InFlight(1, 1, 2.0, 0, KNOWN), InFlight(2, 1, 1.0, 150, KNOWN)]
+    assert backlog_s(flights, 3, 20.0, cost) == [0.0, 60.0, 0.0]
+    assert backlog_s(flights, 3, None, cost) == [0.0, 100.0, 0.0]  # no rate: nothing counted as emitted now
+
+
 # ---- fake rollout servers that stall -------------------------------------------------------------------------
-def _token(seed: int, j: int) -> int:
-    """Token j of a seeded fake request (what a deterministic sampler emits at draw j)."""
-    return 3 + (seed * 31 + j * 7) % 50
-
-
-class StallServer:
-    """SGLang-shaped /generate, /abort_request and /health; one token per ``delay_s``. A request whose prompt_id
-    is "stall" and that starts at draw 0 hangs after ``stall_after`` tokens until it is aborted."""
-
-    def __init__(self, delay_s: float = 0.004, stall_after: int = 3) -> None:
-        self.delay_s, self.stall_after = delay_s, stall_after
-        self.aborted: set[str] = set()
-        self.calls: list[str] = []
-        self.active = self.peak = 0
-        app = FastAPI()
-
-        @app.get("/health")
-        async def health() -> dict:
-            return {}
-
-        @app.post("/abort_request")
-        async def abort(body: dict) -> dict:
-            self.aborted.add(body["rid"])
-            return {"success": True}
-
-        @app.post("/generate")
-        async def generate(body: dict) -> list:
-            return list(await asyncio.gather(*(self._one(body, k) for k in range(len(body["input_ids"])))))
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-
-    async def _one(self, body: dict, k: int) -> dict:
-        rid, sp = body["rid"][k], body["sampling_params"][k]
-        self.calls.append(rid)
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        try:
-            return await self._emit(body, k, rid, sp)
-        finally:
-            self.active -= 1
-
-    async def _emit(self, body: dict, k: int, rid: str, sp: dict) -> dict:
-        custom = sp.get("custom_params") or {}
-        offset, seed = int(custom.get("seed_offset") or 0), sp["sampling_seed"]
-        stalls = custom.get("prompt_id") == "stall" and offset == 0
-        out: list[int] = []
-        while len(out) < sp["max_new_tokens"] and rid not in self.aborted:
-            if stalls and len(out) >= self.stall_after:
-                await asyncio.sleep(0.01)
-                continue
-            await asyncio.sleep(self.delay_s)
-            out.append(_token(seed, offset + len(out)))
-        finish = {"type": "abort", "message": "aborted"} if rid in self.aborted else {"type": "length"}
-        prompt = len(body["input_ids"][k])
-        meta = {"finish_reason": finish, "completion_tokens": len(out), "prompt_tokens": prompt}
-        return {"text": "", "output_ids": out, "meta_info": meta}
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @pytest.fixture
 def stall_servers():
     servers = [StallServer(), StallServer()]
@@ -189,6 +150,32 @@ def test_migrated_response_equals_the_unmigrated_one_under_the_same_seed(engine_
         assert hp["migrated_from"], "the long request was expected to migrate"
         assert out[0]["output_ids"] == expected and out[0]["meta_info"]["completion_tokens"] == 96
         assert all(len(o["output_ids"]) == 2 for o in out[1:])
+    finally:
+        router.close()
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_overlap_defers_a_long_request_on_real_servers_and_answers_it_with_the_next_step(engine_servers):
+    long = {"max_new_tokens": 96, "ignore_eos": True, "sampling_seed": 7, "temperature": 1.0}
+    short = {"max_new_tokens": 2, "ignore_eos": True, "sampling_seed": 1}
+    http = engine_servers[0].client._http
+    expected = http.post("/generate", json={"input_ids": [1, 5, 9], "sampling_params": long}).json()["output_ids"]
+    cfg = RouterConfig(
+        backends=[s.url for s in engine_servers], overlap=True, planner=PlannerConfig(tail_fraction=1.0)
+    )
+    router = Router(cfg)
+    router.start()
+    try:
+        pids = ["long", "short0", "short1", "short2"]
+        for pid in pids:
+            router.predictor.add(pid, 0, [2, 2, 2])  # history says 2 tokens: 96 is an outlier
+        first = router.overlap_step(1, [(pid, [1, 5, 9]) for pid in pids], 1, {}, item_params=[long] + [short] * 3)
+        assert first.deferred == [0], "the long request was expected to be deferred"
+        assert all(len(o["output_ids"]) == 2 for o in first.results[1:])
+        second = router.overlap_step(2, [("short0", [1, 5, 9])], 1, short)
+        late = second.carried + router.drain()  # with step 2 or, if step 2 was quicker still, with the drain
+        assert [o["meta_info"]["histopipe"]["step"] for o in late] == [1] and late[0]["output_ids"] == expected
+        assert late[0]["meta_info"]["histopipe"]["migrated_from"] == []  # deferred, not migrated
     finally:
         router.close()
 

@@ -252,8 +252,10 @@ def test_cli_bench_pipe_servers_refuses_bad_flags(capsys) -> None:  # noqa: ANN0
 
 
 @pytest.mark.slow
-def test_cli_bench_pipe_servers_end_to_end(tmp_path, capsys) -> None:  # noqa: ANN001
-    """Two real servers (tiny model), two short steps: every figure present, measured and simulated."""
+@pytest.mark.parametrize("overlap", [[], ["--overlap"]])
+def test_cli_bench_pipe_servers_end_to_end(tmp_path, capsys, overlap) -> None:  # noqa: ANN001
+    """Two real servers (tiny model), two short steps: every figure present, measured and simulated; each request
+    answered once (checked inside), with one-step overlap too."""
     from sglang_histospec.cli import main
     from sglang_histospec.trace.synth import write_synthetic
     from tests.helpers.tiny import make_tiny_model_dir
@@ -262,7 +264,7 @@ def test_cli_bench_pipe_servers_end_to_end(tmp_path, capsys) -> None:  # noqa: A
     trace = tmp_path / "t.jsonl.gz"
     write_synthetic(str(trace), SynthConfig(prompts=4, group_size=2, epochs=2, mean_len=6, vocab=60, seed=1))
     argv = ["bench", "pipe-servers", "--model", str(model), "--trace", str(trace), "--steps", "2", "--json"]
-    assert main([*argv, "--policies", "round-robin,histopipe", "--max-running", "2"]) == 0
+    assert main([*argv, *overlap, "--policies", "round-robin,histopipe", "--max-running", "2"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["policy"] for r in out["results"]] == ["round-robin", "histopipe"]
     for r in out["results"]:
