@@ -30,6 +30,7 @@ from typing import Any
 from sglang_histospec.drafting.prompt_ids import PROMPT_ID_KEY, prompt_id_for
 from trl_integration.generation import sampling_from_trainer
 from trl_integration.servers import RolloutServers
+from trl_integration.trl_internals import tokenize_prompts
 from trl_integration.weight_sync import DiskWeightSync
 
 
@@ -57,7 +58,7 @@ def make_rollout_func(
                 state["sync"] = DiskWeightSync(servers if main else None, directory, trainer.processing_class)
             state["sync"].sync(accelerator, trainer.model, trainer.state.global_step)
             state["last_step"] = trainer.state.global_step
-        prompt_token_ids, _, _ = trainer._tokenize_prompts(prompts)
+        prompt_token_ids = tokenize_prompts(trainer, prompts)
         given = [prompt_id_fn(p) for p in prompts] if prompt_id_fn is not None else [None] * len(prompts)
         pids = [prompt_id_for({PROMPT_ID_KEY: pid}, t) for pid, t in zip(given, prompt_token_ids)]
         outs = servers.generate(

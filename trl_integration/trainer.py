@@ -1,7 +1,8 @@
 """``HistoSpecGRPOTrainer``: TRL's ``GRPOTrainer`` whose rollouts run on HistoSpec rollout servers.
 
 What changes against ``GRPOTrainer`` (everything else, batching, gradient accumulation, ``num_iterations`` reuse, the
-loss, is TRL's own code):
+loss, is TRL's own code), through transformers' ``training_step`` / ``prediction_step`` (prompt ids before the
+step's generation, metrics and history push after it) and, where TRL has no public hook, ``trl_internals.py``:
 
 - generation: ``HistoSpecGeneration`` takes TRL's ``vllm_generation`` slot, so TRL itself decides when to sync weights
   (before a generation, when ``global_step`` changed) and applies its importance-sampling correction with the
@@ -40,10 +41,11 @@ from trl_integration.config import HistoSpecGRPOConfig
 from trl_integration.generation import GenerationRecord, HistoSpecGeneration, sampling_from_trainer
 from trl_integration.prompt_ids import resolve_prompt_ids
 from trl_integration.servers import RolloutServers
+from trl_integration.trl_internals import RewardHook, adopt_generation_slot, log_metric, synced_step, tokenizer_of
 from trl_integration.weight_sync import DiskWeightSync, DistributedSyncConfig, DistributedWeightSync
 
 
-class HistoSpecGRPOTrainer(GRPOTrainer):
+class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
     """Drop-in ``GRPOTrainer`` (same constructor) that needs a ``HistoSpecGRPOConfig``.
 
     Attributes added: ``servers`` (``RolloutServers``), ``histospec`` (the generation backend; ``histospec.records``,
@@ -63,12 +65,12 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
         self.servers = RolloutServers(args.rollout_urls, args.request_timeout, args.rollout_admin_api_key)
         if args.check_tokenizer:
             vocab = getattr(self.accelerator.unwrap_model(self.model).config, "vocab_size", None)
-            self.servers.check(self._tokenizer, vocab, ready_timeout=args.server_ready_timeout)
+            self.servers.check(tokenizer_of(self), vocab, ready_timeout=args.server_ready_timeout)
         else:
             self.servers.wait_until_ready(args.server_ready_timeout)
         main = self.accelerator.is_main_process
         if args.weight_sync == "disk":
-            weight_sync: Any = DiskWeightSync(self.servers if main else None, args.weight_sync_dir, self._tokenizer)
+            weight_sync: Any = DiskWeightSync(self.servers if main else None, args.weight_sync_dir, tokenizer_of(self))
         else:
             weight_sync = DistributedWeightSync(
                 self.servers if main else None,
@@ -91,32 +93,43 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
             sampling=sampling_from_trainer(self),
             prompt_ids_fn=lambda: self._histospec_row_ids,
         )
-        # TRL's vLLM server path, with our backend: lazy weight sync keyed on global_step + IS correction.
-        self.use_vllm = True
-        self.vllm_mode = "server"
-        self.vllm_generation = self.histospec
-        self._last_loaded_step = -1
+        adopt_generation_slot(self, self.histospec)
 
-    # ---- TRL override points -----------------------------------------------------------------------------
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    # ---- transformers' public override points -------------------------------------------------------------
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        self._begin_batch(inputs)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._finish_generation()
+        return loss
+
+    def prediction_step(self, model: Any, inputs: Any, prediction_loss_only: bool, ignore_keys: Any = None) -> Any:
+        self._begin_batch(inputs)
+        output = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        self._finish_generation()
+        return output
+
+    def on_rewards(self, rewards: torch.Tensor) -> None:
+        """TRL's rewards of this step's generation (``trl_internals.RewardHook``), for the history push."""
+        self._histospec_rewards = rewards  # [N_global, n_reward_funcs], gathered over ranks by TRL
+
+    def _begin_batch(self, inputs: list[dict[str, Any]]) -> None:
+        """Before TRL's step: the rows' prompt ids, for the generation the step may run (TRL generates from
+        exactly these rows)."""
         args: HistoSpecGRPOConfig = self.args  # type: ignore[assignment]
         self._histospec_row_ids = resolve_prompt_ids(inputs, args.prompt_id_column, args.hash_prompt_ids)
         self._histospec_rewards = None
         self.histospec.records = []
-        output = super()._generate_and_score_completions(inputs)
+
+    def _finish_generation(self) -> None:
+        """After TRL's step: the metrics of the generation it ran, if any, and (training) the history push."""
+        args: HistoSpecGRPOConfig = self.args  # type: ignore[assignment]
         mode = "train" if self.model.training else "eval"
         records, self.histospec.records = self.histospec.records, []
         self.recent_generations.extend(records)
-        if records:  # a rollout_func of the user's may have generated instead
+        if records:  # no generation this step (buffered inputs), or a rollout_func of the user's generated instead
             self._log_speculation(records, mode)
             if mode == "train" and args.push_history and self._histospec_rewards is not None:
                 self._push_history(records[0])
-        return output
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: ANN001 - TRL's names
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._histospec_rewards = rewards  # [N_global, n_reward_funcs], gathered over ranks by TRL
-        return rewards
 
     # ---- history and metrics -----------------------------------------------------------------------------
     def _push_history(self, record: GenerationRecord) -> None:
@@ -145,7 +158,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
         for entry in entries.values():
             if any(not math.isfinite(r) for r in entry["rewards"]):
                 entry["rewards"] = None
-        step = max(int(self._last_loaded_step), 0)
+        step = max(synced_step(self), 0)
         pushed = self.servers.push_history(step, list(entries.values()))
         self.history_pushes.append((step, pushed))
         totals: dict[str, float] = defaultdict(float)
@@ -154,7 +167,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
             totals["history_tokens"] += float(history.get("history_tokens", 0))
             totals["history_prompts"] += float(history.get("prompts", 0))
         for key, value in totals.items():
-            self._metrics["train"][f"histospec/{key}"].append(value / len(self.servers.urls))
+            log_metric(self, "train", f"histospec/{key}", value / len(self.servers.urls))
 
     def _log_speculation(self, records: list[GenerationRecord], mode: str) -> None:
         """tau and acceptance of this generation over all ranks (a collective: every rank calls it)."""
@@ -166,7 +179,7 @@ class HistoSpecGRPOTrainer(GRPOTrainer):
                 )
         total = self.accelerator.gather(local.to(self.accelerator.device)).view(-1, 4).sum(dim=0).tolist()
         tokens, verify, drafted, accepted = total
-        self._metrics[mode]["histospec/tau"].append(tau(tokens, verify))
-        self._metrics[mode]["histospec/accept_rate"].append(accepted / drafted if drafted else 0.0)
-        self._metrics[mode]["histospec/drafted_tokens"].append(drafted)
-        self._metrics[mode]["histospec/accepted_tokens"].append(accepted)
+        log_metric(self, mode, "histospec/tau", tau(tokens, verify))
+        log_metric(self, mode, "histospec/accept_rate", accepted / drafted if drafted else 0.0)
+        log_metric(self, mode, "histospec/drafted_tokens", drafted)
+        log_metric(self, mode, "histospec/accepted_tokens", accepted)

@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang_histospec.router.router import Router, RouterError
-from sglang_histospec.server.http_api import ApiError, ApiGuard, error_body, install_error_handlers
+from sglang_histospec.server.http_api import ApiError, ApiGuard, install_error_handlers, weight_update_error
 from sglang_histospec.server.schemas import (
     AbortRequestBody,
     EndStepBody,
@@ -92,9 +92,8 @@ def create_app(router: Router) -> FastAPI:
     def update_weights_from_disk(body: UpdateWeightsFromDiskBody) -> JSONResponse:
         try:
             return JSONResponse(router.update_weights(body.model_dump(exclude_unset=True)))
-        except ApiError as exc:  # SGLang's shape, plus the shared error object
-            answer = {"success": False, "message": exc.message, "num_paused_requests": 0}
-            return JSONResponse({**answer, **error_body(exc.message, exc.field)}, status_code=exc.status)
+        except ApiError as exc:
+            return weight_update_error(exc)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     def flush_cache() -> PlainTextResponse:

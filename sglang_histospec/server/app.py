@@ -1,7 +1,7 @@
 """The HTTP API (README.md, "HTTP server") over any ``Backend``: FastAPI routes, validation, auth, errors; no torch.
 
-Routes: ``POST /generate`` (SGLang's native shapes), ``POST /histospec/history``, ``POST /histospec/end_step``,
-``GET /histospec/stats``, ``GET /metrics``, ``GET /health``, ``GET /get_model_info`` (also ``/model_info``),
+Routes: ``POST /generate`` (SGLang's native shapes), the history routes (``history_routes``, shared with SGLang's
+server), ``GET /metrics``, ``GET /health``, ``GET /get_model_info`` (also ``/model_info``),
 ``POST /update_weights_from_disk``, ``POST|GET /flush_cache``, ``POST /abort_request``. With an admin key, the
 routes of ``http_api.ADMIN_ROUTES`` need ``Authorization: Bearer KEY``. Every bad input gets a 4xx with
 ``{"error": {"message": "<field>: <what is wrong>", "field": "<field>"}}`` and changes nothing (``http_api``).
@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,20 +26,24 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from sglang_histospec.server.http_api import ApiError, ApiGuard, check_admin_key, error_body, install_error_handlers
+from sglang_histospec.server.history_routes import history_router
+from sglang_histospec.server.http_api import (
+    ApiError,
+    ApiGuard,
+    check_admin_key,
+    install_error_handlers,
+    weight_update_error,
+)
 from sglang_histospec.server.metrics import ServerCounters, prometheus_text
 from sglang_histospec.server.protocol import Backend, BackendError, GenerationInput, GenerationOutput
 from sglang_histospec.server.schemas import (
     AbortRequestBody,
-    EndStepBody,
     GenerateBody,
-    HistoryPushBody,
     RequestLimits,
     UpdateWeightsFromDiskBody,
     check_generate_body,
     is_batch,
     to_generation_inputs,
-    to_history_entries,
 )
 
 logger = logging.getLogger(__name__)
@@ -109,6 +114,15 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
         ApiGuard, admin_api_key=config.admin_api_key, max_request_bytes=config.max_request_bytes, on_error=on_error
     )
     install_error_handlers(app, on_error)
+    _add_generate_route(app, backend, config, counters)
+    app.include_router(history_router(backend, counters, config.limits))
+    _add_status_routes(app, backend, counters)
+    _add_admin_routes(app, backend, counters, on_error)
+    return app
+
+
+def _add_generate_route(app: FastAPI, backend: Backend, config: AppConfig, counters: ServerCounters) -> None:
+    """``POST /generate``: validate, tokenize off the loop, generate (aborted if the client goes away), answer."""
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Response:
@@ -120,15 +134,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
         inputs = await asyncio.to_thread(to_generation_inputs, body, limits, tokenize, config.limits)
         for item in inputs:
             item.rid = item.rid or uuid.uuid4().hex
-        task = asyncio.ensure_future(backend.generate(inputs))
-        while not task.done():
-            await asyncio.wait({task}, timeout=config.disconnect_poll_s)
-            if not task.done() and await request.is_disconnected():
-                # nobody will read the answer: stop the work (aborted requests finish with what they have)
-                await backend.abort([item.rid for item in inputs if item.rid is not None])
-                await asyncio.wait({task})
-                counters.add("client_disconnects")
-        outputs = task.result()
+        outputs = await _generate_until_disconnect(backend, inputs, request, config.disconnect_poll_s, counters)
         for out in outputs:
             counters.observe(
                 prompt_tokens=out.prompt_tokens,
@@ -144,24 +150,25 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
             item["meta_info"]["server_received"], item["meta_info"]["server_answered"] = received, answered
         return JSONResponse(items if is_batch(body) or len(items) > 1 else items[0])
 
-    @app.post("/histospec/history")
-    async def push_history(body: HistoryPushBody) -> dict:
-        entries = await asyncio.to_thread(to_history_entries, body, backend.limits(), config.limits)
-        accepted, replaced = await backend.push_history(body.step, entries)
-        counters.add("history_pushes")
-        counters.add("history_responses_pushed", accepted - replaced)
-        counters.add("history_responses_replaced", replaced)
-        return {"accepted": accepted}
 
-    @app.post("/histospec/end_step")
-    async def end_step(body: EndStepBody) -> dict:
-        await backend.end_step(body.step)
-        return {"success": True}
+async def _generate_until_disconnect(
+    backend: Backend, inputs: list[GenerationInput], request: Request, poll_s: float, counters: ServerCounters
+) -> list[GenerationOutput]:
+    """``backend.generate(inputs)``; if the client goes away meanwhile, its requests are aborted (they finish with
+    what they have) and the disconnect is counted."""
+    task = asyncio.ensure_future(backend.generate(inputs))
+    while not task.done():
+        await asyncio.wait({task}, timeout=poll_s)
+        if not task.done() and await request.is_disconnected():
+            # nobody will read the answer: stop the work
+            await backend.abort([item.rid for item in inputs if item.rid is not None])
+            await asyncio.wait({task})
+            counters.add("client_disconnects")
+    return task.result()
 
-    @app.get("/histospec/stats")
-    async def stats() -> dict:
-        backend_stats = await backend.stats()
-        return {**counters.as_dict(), "history": backend_stats.get("history", {}), "backend": backend_stats}
+
+def _add_status_routes(app: FastAPI, backend: Backend, counters: ServerCounters) -> None:
+    """``GET /metrics``, ``GET /health``, ``GET /get_model_info`` (also ``/model_info``)."""
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -181,6 +188,12 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
     async def model_info() -> dict:
         return backend.model_info()
 
+
+def _add_admin_routes(
+    app: FastAPI, backend: Backend, counters: ServerCounters, on_error: Callable[[int], None]
+) -> None:
+    """SGLang's admin routes: ``POST /update_weights_from_disk``, ``GET|POST /flush_cache``, ``POST /abort_request``."""
+
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: UpdateWeightsFromDiskBody) -> JSONResponse:
         version = None if body.weight_version is None else str(body.weight_version)
@@ -190,9 +203,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
             )
         except BackendError as exc:
             on_error(exc.status)
-            # SGLang's shape, plus the shared error object
-            answer = {"success": False, "message": str(exc), "num_paused_requests": 0}
-            return JSONResponse({**answer, **error_body(str(exc), exc.field)}, status_code=exc.status)
+            return weight_update_error(exc)
         counters.add("weight_updates")
         return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
@@ -211,5 +222,3 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
         else:
             raise ApiError(400, "rid: send a request id, or abort_all=true", "rid")
         return {"success": True}
-
-    return app

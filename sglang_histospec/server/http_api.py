@@ -3,9 +3,12 @@
 * Errors: every 4xx/5xx body is ``{"error": {"message": "<field>: <what is wrong>", "field": "<field>"}}``
   (``field`` only where one value is to blame), built by :func:`error_body`.
 * Auth: with an admin key, the routes in ``ADMIN_ROUTES`` need ``Authorization: Bearer KEY`` (scheme
-  case-insensitive); it is checked by :class:`ApiGuard` before the body is read, so an unauthenticated client
-  cannot make the server parse anything.
+  case-insensitive), checked by :func:`check_admin`: in our own apps by :class:`ApiGuard` before the body is read,
+  so an unauthenticated client cannot make the server parse anything; on a host app we do not own (SGLang's) by
+  :func:`admin_dependency`.
 * Size: bodies over ``max_request_bytes`` get 413 before any handler runs.
+* Routes added to a host app we do not own use :class:`SharedErrorsRoute`, which answers their errors in the
+  same format without touching the host's own handlers.
 
 Example::
 
@@ -23,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang_histospec.server.protocol import BackendError
@@ -76,6 +80,22 @@ def bearer_matches(header: str, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
+def check_admin(header: str, key: str | None) -> None:
+    """Raise the 401 ``ApiError`` of an admin route unless ``key`` is None or ``header`` is ``Bearer <key>``."""
+    if key is not None and not bearer_matches(header, key):
+        msg = "Authorization: admin route; send the header 'Authorization: Bearer <admin key>'"
+        raise ApiError(401, msg, "Authorization")
+
+
+def admin_dependency(key: str | None) -> Callable[[Request], None]:
+    """A FastAPI dependency running :func:`check_admin` (for routes on a host app without :class:`ApiGuard`)."""
+
+    def require_admin(request: Request) -> None:
+        check_admin(request.headers.get("authorization", ""), key)
+
+    return require_admin
+
+
 class ApiGuard:
     """ASGI middleware: auth of ``ADMIN_ROUTES`` (before reading the body), then the body-size limit."""
 
@@ -94,11 +114,11 @@ class ApiGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if self.key is not None and scope.get("path", "").rstrip("/") in ADMIN_ROUTES:
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not bearer_matches(given, self.key):
-                msg = "Authorization: admin route; send the header 'Authorization: Bearer <admin key>'"
-                await self._reject(scope, receive, send, 401, msg, "Authorization")
+        if scope.get("path", "").rstrip("/") in ADMIN_ROUTES:
+            try:
+                check_admin(headers.get(b"authorization", b"").decode("latin-1"), self.key)
+            except ApiError as exc:
+                await self._reject(scope, receive, send, exc.status, exc.message, exc.field)
                 return
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
@@ -136,7 +156,7 @@ class ApiGuard:
         msg = f"body: request body exceeds {self.limit} bytes (--max-request-bytes); split it into smaller requests"
         await self._reject(scope, receive, send, 413, msg, "body")
 
-    async def _reject(self, scope: dict, receive: Any, send: Any, status: int, msg: str, field: str) -> None:
+    async def _reject(self, scope: dict, receive: Any, send: Any, status: int, msg: str, field: str | None) -> None:
         self.on_error(status)
         await JSONResponse(error_body(msg, field), status_code=status)(scope, receive, send)
 
@@ -173,40 +193,68 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str]:
 
 
 _HTTP_FIELDS = {401: "Authorization", 404: "path", 405: "method", 413: "body"}
+_HANDLED = (RequestValidationError, FieldError, ApiError, BackendError, StarletteHTTPException)
+"""The exceptions answered in the shared format."""
+
+
+def describe_error(request: Request, exc: Exception) -> tuple[int, str, str | None]:
+    """(status, message, field) of one of the ``_HANDLED`` exceptions raised while serving ``request``."""
+    if isinstance(exc, RequestValidationError):
+        field, message = describe_validation(exc)
+        return 400, message, field
+    if isinstance(exc, FieldError):
+        return 400, str(exc), exc.field
+    if isinstance(exc, ApiError):
+        return exc.status, exc.message, exc.field
+    if isinstance(exc, BackendError):
+        return exc.status, str(exc), getattr(exc, "field", None)
+    assert isinstance(exc, StarletteHTTPException), type(exc)
+    field = _HTTP_FIELDS.get(exc.status_code)
+    detail = str(exc.detail)
+    if exc.status_code == 404:
+        detail = f"path: no route {request.url.path}"
+    elif exc.status_code == 405:
+        detail = f"method: {request.method} is not allowed on {request.url.path}"
+    elif exc.status_code == 400:
+        field, detail = "body", f"body: {detail}"
+    return exc.status_code, detail, field
+
+
+def error_response(request: Request, exc: Exception, on_error: Callable[[int], None]) -> JSONResponse:
+    """The shared error answer to ``exc``; ``on_error(status)`` counts it."""
+    status, message, field = describe_error(request, exc)
+    on_error(status)
+    return JSONResponse(error_body(message, field), status_code=status)
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> None:
     """Answer every error in the shared format; ``on_error(status)`` counts it."""
 
-    def answer(status: int, message: str, field: str | None) -> JSONResponse:
-        on_error(status)
-        return JSONResponse(error_body(message, field), status_code=status)
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(request, exc, on_error)
 
-    @app.exception_handler(RequestValidationError)
-    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        field, message = describe_validation(exc)
-        return answer(400, message, field)
+    for exc_type in _HANDLED:
+        app.add_exception_handler(exc_type, handle)
 
-    @app.exception_handler(FieldError)
-    async def _on_field(request: Request, exc: FieldError) -> JSONResponse:
-        return answer(400, str(exc), exc.field)
 
-    @app.exception_handler(ApiError)
-    async def _on_api(request: Request, exc: ApiError) -> JSONResponse:
-        return answer(exc.status, exc.message, exc.field)
+class SharedErrorsRoute(APIRoute):
+    """A route that answers its own errors (validation, auth, backend) in the shared format, for routes added to
+    a host app whose exception handlers are not ours (SGLang's): ``APIRouter(route_class=SharedErrorsRoute)``."""
 
-    @app.exception_handler(BackendError)
-    async def _on_backend(request: Request, exc: BackendError) -> JSONResponse:
-        return answer(exc.status, str(exc), getattr(exc, "field", None))
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        field = _HTTP_FIELDS.get(exc.status_code)
-        detail = str(exc.detail)
-        if exc.status_code == 404:
-            detail = f"path: no route {request.url.path}"
-        elif exc.status_code == 405:
-            detail = f"method: {request.method} is not allowed on {request.url.path}"
-        elif exc.status_code == 400:
-            field, detail = "body", f"body: {detail}"
-        return answer(exc.status_code, detail, field)
+        async def answer_errors_here(request: Request) -> Any:
+            try:
+                return await handler(request)
+            except _HANDLED as exc:
+                return error_response(request, exc, lambda status: None)
+
+        return answer_errors_here
+
+
+def weight_update_error(exc: ApiError | BackendError) -> JSONResponse:
+    """A failed ``/update_weights_from_disk``: SGLang's shape plus the shared error object."""
+    message = exc.message if isinstance(exc, ApiError) else str(exc)
+    answer = {"success": False, "message": message, "num_paused_requests": 0}
+    return JSONResponse({**answer, **error_body(message, exc.field)}, status_code=exc.status)

@@ -69,6 +69,13 @@ class ServerCounters:
         with self._lock:
             setattr(self, name, getattr(self, name) + value)
 
+    def observe_push(self, stored: int, replaced: int) -> None:
+        """One applied history push: ``stored`` responses, of which ``replaced`` replaced a prompt+step."""
+        with self._lock:
+            self.history_pushes += 1
+            self.history_responses_pushed += stored - replaced
+            self.history_responses_replaced += replaced
+
     def tau(self) -> float:
         """Tokens per verify step (:func:`~sglang_histospec.drafting.types.tau`: 0.0 before any verify step)."""
         return tokens_per_step(self.generated_tokens, self.verify_steps)
@@ -82,6 +89,22 @@ class ServerCounters:
         out["tau"] = self.tau()
         out["accept_rate"] = self.accept_rate()
         return out
+
+
+@dataclass(slots=True)
+class HistoryCounters:
+    """The history routes' counters alone, for a host that counts its other routes itself (SGLang's server)."""
+
+    history_pushes: int = 0
+    history_responses_pushed: int = 0
+    """Responses stored by pushes (SGLang's workers do not tell replaced ones apart)."""
+
+    def observe_push(self, stored: int, replaced: int) -> None:
+        self.history_pushes += 1
+        self.history_responses_pushed += stored - replaced
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"history_pushes": self.history_pushes, "history_responses_pushed": self.history_responses_pushed}
 
 
 # (name, type, help, key in ServerCounters.as_dict())

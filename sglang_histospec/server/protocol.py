@@ -1,6 +1,8 @@
 """What the HTTP layer asks of a rollout backend (torch engine or SGLang), as plain data; no torch import.
 
-The routes in ``server/app.py`` validate every request into these dataclasses, then call one ``Backend``.
+The routes validate every request into these dataclasses, then call a backend: the history routes
+(``server/history_routes.py``) a ``HistoryBackend``, which both backends are (``TorchBackend``, ``SGLangBackend``);
+the other routes of ``server/app.py`` a full ``Backend`` (the torch engine; SGLang serves those itself).
 A backend never sees raw JSON and never validates shapes; it may still fail (``BackendError``) on a state
 problem, e.g. a weight update from a path that holds no model.
 
@@ -114,13 +116,45 @@ class HistoryEntry:
     rewards: list[float] | None = None  # [n_responses]
     prompt_tokens: list[int] | None = None  # [prompt_len] optional; its tail goes before each response
 
+    def as_record(self) -> dict[str, Any]:
+        """The entry as JSON (the history log's and the SGLang workers' format)."""
+        return {
+            "prompt_id": self.prompt_id,
+            "responses": self.responses,
+            "rewards": self.rewards,
+            "prompt_tokens": self.prompt_tokens,
+        }
+
 
 @runtime_checkable
-class Backend(Protocol):
-    """The one interface the HTTP routes use. All coroutine methods run on the server's event loop and must
-    not block it (a backend hands work to its own thread or process)."""
+class HistoryBackend(Protocol):
+    """What the history routes (``/histospec/history``, ``/histospec/end_step``, ``/histospec/stats``) use. All
+    coroutine methods run on the server's event loop and must not block it (a backend hands work to its own
+    thread or process)."""
 
     def limits(self) -> ModelLimits: ...
+
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> tuple[int, int]:
+        """Add the entries between engine steps, durably when the backend keeps a history directory (raises
+        ``HistoryNotDurable`` if it cannot); returns (responses stored, of which replaced a prompt+step the history
+        already held)."""
+        ...
+
+    async def end_step(self, step: int | None) -> None:
+        """Close the drafter's open step (server-recorded responses become history)."""
+        ...
+
+    async def stats(self) -> dict[str, Any]:
+        """JSON stats: ``history`` (the drafter's stats: prompts, history_tokens, memory_bytes...), optional
+        ``gauges`` ({prometheus name: value}) for /metrics, and the rest of the backend's own figures.
+        ``/histospec/stats`` shows the ``backend`` entry as the backend's, or the whole dict when there is none."""
+        ...
+
+
+@runtime_checkable
+class Backend(HistoryBackend, Protocol):
+    """The one interface the routes of ``server/app.py`` use: the history routes' plus generation, weights,
+    caches and health."""
 
     def model_info(self) -> dict[str, Any]:
         """SGLang's /get_model_info keys at least: model_path, tokenizer_path, is_generation, weight_version."""
@@ -147,16 +181,6 @@ class Backend(Protocol):
         """Abort every queued or running request."""
         ...
 
-    async def push_history(self, step: int, entries: list[HistoryEntry]) -> tuple[int, int]:
-        """Add the entries between engine steps, durably when the backend keeps a history directory (raises
-        ``HistoryNotDurable`` if it cannot); returns (responses stored, of which replaced a prompt+step the history
-        already held)."""
-        ...
-
-    async def end_step(self, step: int | None) -> None:
-        """Close the drafter's open step (server-recorded responses become history)."""
-        ...
-
     async def update_weights_from_disk(
         self, model_path: str, flush_cache: bool, weight_version: str | None, abort_all_requests: bool
     ) -> str:
@@ -166,11 +190,6 @@ class Backend(Protocol):
 
     async def flush_cache(self) -> str:
         """Drop cached KV (none survives a request in the torch engine); never touches the history."""
-        ...
-
-    async def stats(self) -> dict[str, Any]:
-        """JSON stats: ``history`` (the drafter's stats: prompts, history_tokens, memory_bytes...), ``engine``,
-        and optional ``gauges`` ({prometheus name: value}) for /metrics."""
         ...
 
     async def shutdown(self) -> None: ...

@@ -1,11 +1,7 @@
 """``histospec serve --backend sglang``: SGLang's own HTTP server with the HISTOSPEC algorithm and history routes.
 
-Routes added to SGLang's FastAPI app (same contract as the torch backend, same request models):
-
-* ``POST /histospec/history`` ``{"step", "entries": [{"prompt_id", "responses", "rewards", "prompt_tokens"}]}``
-  -> ``{"accepted": n}``;
-* ``POST /histospec/end_step`` ``{"step": int | null}``: close the drafter's open step;
-* ``GET /histospec/stats``: the drafter's counters as seen by TP rank 0.
+The history routes (``server/history_routes.py``, the torch server's own code) are added to SGLang's FastAPI app
+over ``SGLangBackend``, a ``HistoryBackend``; ``/histospec/stats`` shows the drafter as seen by TP rank 0.
 
 A push travels through SGLang's own inter-process path: an ``RpcReqInput(method="draft_worker")`` sent on the
 tokenizer manager's channel to the schedulers, which call the HISTOSPEC worker inside their event loop on every TP
@@ -31,6 +27,7 @@ from typing import Any
 
 from sglang_histospec.drafting.types import MAX_TOKEN_ID
 from sglang_histospec.plugin import ALGORITHM_NAME
+from sglang_histospec.server.protocol import BackendError, HistoryEntry, ModelLimits
 
 logger = logging.getLogger(__name__)
 
@@ -88,75 +85,54 @@ class SchedulerBridge:
         return json.loads(path.read_text()) if path.exists() else {}
 
 
-def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
-    """Add the /histospec routes to SGLang's FastAPI ``app``."""
-    from fastapi import Depends, HTTPException, Request
-    from fastapi.responses import JSONResponse
-    from sglang.srt.entrypoints.http_server import get_global_state
+class SGLangBackend:
+    """SGLang's server as a ``HistoryBackend`` (``server/protocol.py``): history operations go to the schedulers
+    through the ``SchedulerBridge``; generation, weights and caches stay SGLang's own routes."""
 
-    from sglang_histospec.server.http_api import bearer_matches, error_body
-    from sglang_histospec.server.protocol import ModelLimits
-    from sglang_histospec.server.schemas import EndStepBody, FieldError, HistoryPushBody, to_history_entries
+    def __init__(self, bridge: SchedulerBridge) -> None:
+        self.bridge = bridge
 
-    def check_admin(request: Request) -> None:
-        if admin_api_key is None:
-            return
-        if not bearer_matches(request.headers.get("authorization", ""), admin_api_key):
-            raise HTTPException(status_code=401, detail="admin route: send Authorization: Bearer <admin key>")
-
-    def limits() -> ModelLimits:
-        tm = get_global_state().tokenizer_manager
+    def limits(self) -> ModelLimits:
+        tm = _tokenizer_manager()
         vocab = int(getattr(tm.model_config, "vocab_size", MAX_TOKEN_ID - 1))
         return ModelLimits(vocab_size=vocab, context_len=int(tm.context_len))
 
-    def error(status: int, message: str, field: str | None = None) -> JSONResponse:
-        return JSONResponse(error_body(message, field), status_code=status)
+    async def push_history(self, step: int, entries: list[HistoryEntry]) -> tuple[int, int]:
+        payload = {"step": step, "entries": [e.as_record() for e in entries]}
+        result = await self._call("push", payload, failure_status=400)
+        return int(result.get("last_op_result", 0)), 0  # the workers do not tell replaced responses apart
 
-    counters = {"history_pushes": 0, "history_responses_pushed": 0}
+    async def end_step(self, step: int | None) -> None:
+        await self._call("end_step", {"step": step}, failure_status=400)
 
-    @app.post("/histospec/history", dependencies=[Depends(check_admin)])
-    async def push_history(body: HistoryPushBody):
-        try:
-            entries = to_history_entries(body, limits())
-        except FieldError as exc:
-            return error(400, str(exc), exc.field)
-        payload = {
-            "step": body.step,
-            "entries": [
-                {
-                    "prompt_id": e.prompt_id,
-                    "responses": e.responses,
-                    "rewards": e.rewards,
-                    "prompt_tokens": e.prompt_tokens,
-                }
-                for e in entries
-            ],
-        }
-        try:
-            result = await bridge.call(get_global_state().tokenizer_manager, "push", payload)
-        except (RuntimeError, TimeoutError) as exc:
-            return error(400, str(exc))
-        accepted = int(result.get("last_op_result", 0))
-        counters["history_pushes"] += 1
-        counters["history_responses_pushed"] += accepted
-        return {"accepted": accepted}
-
-    @app.post("/histospec/end_step", dependencies=[Depends(check_admin)])
-    async def end_step(body: EndStepBody):
-        try:
-            await bridge.call(get_global_state().tokenizer_manager, "end_step", {"step": body.step})
-        except (RuntimeError, TimeoutError) as exc:
-            return error(400, str(exc))
-        return {"success": True}
-
-    @app.get("/histospec/stats")
-    async def stats():
-        try:
-            history = await bridge.call(get_global_state().tokenizer_manager, "stats")
-        except (RuntimeError, TimeoutError) as exc:
-            return error(503, str(exc))
+    async def stats(self) -> dict[str, Any]:
+        history = await self._call("stats", None, failure_status=503)
         history = {k: v for k, v in history.items() if not k.startswith("last_op")}
-        return {**counters, "history": history, "backend": {"name": "sglang", "algorithm": ALGORITHM_NAME}}
+        return {"history": history, "backend": {"name": "sglang", "algorithm": ALGORITHM_NAME}}
+
+    async def _call(self, op: str, payload: dict[str, Any] | None, failure_status: int) -> dict[str, Any]:
+        try:
+            return await self.bridge.call(_tokenizer_manager(), op, payload)
+        except (RuntimeError, TimeoutError) as exc:
+            raise BackendError(str(exc), status=failure_status) from exc
+
+
+def _tokenizer_manager() -> Any:
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    return get_global_state().tokenizer_manager
+
+
+def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
+    """Add the history routes (``server/history_routes.py``) to SGLang's FastAPI ``app``."""
+    from sglang_histospec.server.history_routes import history_router
+    from sglang_histospec.server.metrics import HistoryCounters
+    from sglang_histospec.server.schemas import RequestLimits
+
+    router = history_router(
+        SGLangBackend(bridge), HistoryCounters(), RequestLimits(), foreign_host=True, admin_api_key=admin_api_key
+    )
+    app.include_router(router)
 
 
 def _sglang_argv(args: argparse.Namespace) -> list[str]:

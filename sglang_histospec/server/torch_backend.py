@@ -61,10 +61,6 @@ class TorchBackendConfig:
     """A weight update closes the drafter's open step (see the module docstring)."""
 
 
-def _entry_record(e: HistoryEntry) -> dict[str, Any]:
-    return {"prompt_id": e.prompt_id, "responses": e.responses, "rewards": e.rewards, "prompt_tokens": e.prompt_tokens}
-
-
 def _parse_step(version: str | None) -> int | None:
     if version is None:
         return None
@@ -76,7 +72,8 @@ def _parse_step(version: str | None) -> int | None:
 
 
 class TorchBackend:
-    """Implements ``sglang_histospec.server.protocol.Backend`` over ``sglang_histospec.engine.Engine``."""
+    """Implements ``sglang_histospec.server.protocol.Backend`` (hence ``HistoryBackend``) over
+    ``sglang_histospec.engine.Engine``."""
 
     def __init__(self, config: TorchBackendConfig) -> None:
         from sglang_histospec.engine.engine import Engine
@@ -215,7 +212,7 @@ class TorchBackend:
                 n = int(engine.drafter.add(e.prompt_id, step, e.responses, e.rewards, prompt_tokens=e.prompt_tokens))
                 stored += n
                 replaced += n if again else 0
-            self._log({"op": "push", "step": step, "entries": [_entry_record(e) for e in entries]})
+            self._log({"op": "push", "step": step, "entries": [e.as_record() for e in entries]})
             return stored, replaced
 
         return await self._call(apply, changes_history=True)
