@@ -8,6 +8,12 @@ is probed now and then, so either side can win back: plain steps every ``probe_e
 steps after ``probe_every`` plain steps, the interval doubling (up to ``max_probe_interval``) while probes lose. A
 probe of drafting that did not draft (nothing matched, or the cut kept no node) is repeated at the next step.
 
+A probe is judged against the winning mode's rate *at the time of the probe*: the bucket keeps the measured ratio
+of drafting over plain tokens/s, updated only by observations of the losing mode, each divided by the winner's
+current mean. Comparing two absolute means instead would compare a fresh one with a stale one, and step times
+drift within an epoch (contexts grow, prefills merge in): a plain rate falling below an old drafting rate would
+read as a win for drafting that no step measured.
+
 Example::
 
     g = SpecGovernor()
@@ -17,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -53,6 +60,10 @@ class _Bucket:
     probing: bool = False  # the last decision was a probe of drafting, not yet observed as a drafting step
     steps: int = 0  # observed steps in this bucket
     last: list[int] = field(default_factory=lambda: [0, 0])  # step count at each mode's last observation
+    log_ratio: float | None = None  # decayed mean of log(drafting / plain tokens/s), probes against the winner
+
+    def spec_wins(self) -> bool:
+        return self.rate[1] >= self.rate[0] if self.log_ratio is None else self.log_ratio >= 0.0
 
 
 class SpecGovernor:
@@ -72,7 +83,9 @@ class SpecGovernor:
         if b.count[0] < n:
             self.stats["governed_plain_steps"] += 1
             return False
-        spec_wins = b.rate[1] >= b.rate[0]
+        if b.log_ratio is None:  # both modes measured: the first comparison of their means
+            b.log_ratio = math.log(max(b.rate[1], 1e-12) / max(b.rate[0], 1e-12))
+        spec_wins = b.spec_wins()
         if b.interval == 0:
             b.interval = self.cfg.probe_every
         b.since_probe += 1
@@ -98,6 +111,7 @@ class SpecGovernor:
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
             b.last[1] = -(self.cfg.probe_every + 1)  # the next drafting step counts as stale: weight 0.5
+            b.log_ratio = None  # ... and the ratio restarts from the two means once it is in
 
     def observe(self, bsz: int, drafted: bool, tokens: int, seconds: float) -> None:
         """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""
@@ -106,6 +120,9 @@ class SpecGovernor:
         b = self._buckets.setdefault(int(bsz).bit_length(), _Bucket())
         mode = int(bool(drafted))
         rate = tokens / seconds
+        if b.log_ratio is not None and mode != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:
+            r = math.log(rate / b.rate[0]) if mode else math.log(b.rate[1] / rate)  # the loser against the winner now
+            b.log_ratio = 0.5 * b.log_ratio + 0.5 * r
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
         keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay

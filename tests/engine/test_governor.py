@@ -78,3 +78,17 @@ def test_new_history_makes_drafting_be_measured_again():
     for _ in range(3):  # a drafting step that now pays wins the bucket back within a few steps
         g.observe(4, True, 4, 4 / 400.0)
     assert g.use_spec(4)
+
+
+@pytest.mark.parametrize("factor", [0.7, 0.9])
+def test_a_drifting_plain_rate_does_not_read_as_a_drafting_win(factor):
+    """Step times grow within an epoch: the plain rate falls from 200 to 100 tokens/s while a drafting step always
+    runs at ``factor`` x the plain rate of its moment. Drafting must stay at probe level, not win back by comparing
+    the fresh plain mean with the stale drafting one."""
+    g, used = SpecGovernor(), []
+    for i in range(400):
+        plain = 200.0 - 100.0 * i / 400
+        spec = g.use_spec(16)
+        g.observe(16, spec, tokens=16, seconds=16 / (factor * plain if spec else plain))
+        used.append(spec)
+    assert sum(used[40:]) <= 10
