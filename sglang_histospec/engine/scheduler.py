@@ -1,0 +1,96 @@
+"""The request queue and the running batch: admit queued requests into free slots, retire finished ones.
+
+Running request ``b`` owns KV-cache slot ``b``; the slots stay contiguous: a retired request's slot is filled by the
+last running request (its cached K/V moved along). Plain objects only, no torch: the cache is anything with
+``move_slot(src, dst, length)``.
+
+Example::
+
+    s = Scheduler(max_running=2, seed=0, eos_ids=frozenset({2}))
+    for rid in "abc":
+        s.add(GenerateRequest(rid=rid, input_ids=[1, 5]))
+    [st.req.rid for st in s.admit()]   # ["a", "b"]: "c" waits for a free slot
+    s.running[0].finish = {"type": "length", "length": 1}
+    [st.req.rid for st in s.retire(cache)]   # ["a"]; "b" moved to slot 0 (cache.move_slot(1, 0, kv_len))
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from sglang_histospec.engine.request import RequestState
+from sglang_histospec.engine.types import GenerateRequest
+
+
+class Scheduler:
+    """FIFO admission of up to ``max_running`` requests; ``rids`` holds the ids of every queued or running one.
+
+    A request without its own sampling seed draws from ``default_rng([seed, n])``, n counting admissions."""
+
+    def __init__(self, max_running: int, seed: int, eos_ids: frozenset[int]) -> None:
+        self.max_running = max_running
+        self.seed = seed
+        self.eos_ids = eos_ids
+        self.waiting: collections.deque[GenerateRequest] = collections.deque()
+        self.running: list[RequestState] = []
+        self.rids: set[str] = set()
+        self._counter = 0
+
+    def add(self, request: GenerateRequest) -> None:
+        """Queue a validated request (the engine checks its rid is not in ``rids``)."""
+        self.rids.add(request.rid)
+        self.waiting.append(request)
+
+    def admit(self) -> list[RequestState]:
+        """Move queued requests into free slots, in order; returns the new running states."""
+        out = []
+        while self.waiting and len(self.running) < self.max_running:
+            req = self.waiting.popleft()
+            seed = req.sampling.seed
+            rng = np.random.default_rng(seed if seed is not None else [self.seed, self._counter])
+            self._counter += 1
+            stop = set(req.sampling.stop_token_ids)
+            if not req.sampling.ignore_eos:
+                stop |= self.eos_ids
+            st = RequestState(req=req, rng=rng, tokens=list(req.input_ids), stop_ids=frozenset(stop))
+            st.skip = req.sampling.seed_offset
+            self.running.append(st)
+            out.append(st)
+        return out
+
+    def drop_waiting(self, rid: str) -> GenerateRequest | None:
+        """Remove a queued request (and forget its rid); None when ``rid`` is not queued."""
+        for r in self.waiting:
+            if r.rid == rid:
+                self.waiting.remove(r)
+                self.rids.discard(rid)
+                return r
+        return None
+
+    def find_running(self, rid: str) -> RequestState | None:
+        """The running, not yet finished request ``rid``, or None."""
+        return next((st for st in self.running if st.req.rid == rid and st.finish is None), None)
+
+    def max_pending(self) -> int:
+        """The most tokens any running request still has to prefill."""
+        return max(st.pending for st in self.running)
+
+    def retire(self, cache) -> list[RequestState]:
+        """Remove the finished requests, last slot first, moving the last running request into each freed slot
+        (``cache.move_slot``); returns them in the order removed (highest slot first) and forgets their rids."""
+        out = []
+        for i in range(len(self.running) - 1, -1, -1):
+            st = self.running[i]
+            if st.finish is None:
+                continue
+            last = len(self.running) - 1
+            if i != last:
+                moved = self.running[last]
+                cache.move_slot(last, i, moved.kv_len)
+                self.running[i] = moved
+            self.running.pop()
+            self.rids.discard(st.req.rid)
+            out.append(st)
+        return out

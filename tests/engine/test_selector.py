@@ -1,0 +1,116 @@
+"""The draft selector (engine/selector.py): packing drafts, budgets, the cost cut, pauses and what it learns."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import pytest
+
+from sglang_histospec.drafting import ROOT, Draft
+from sglang_histospec.drafting.draft_cut import StepCostModel
+from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
+from sglang_histospec.engine.scheduler import Scheduler
+from sglang_histospec.engine.selector import DraftSelector, pack_draft
+from sglang_histospec.engine.treebatch import WalkResult
+from tests.helpers.engine_tools import FixedBudgets, ScriptedDrafter
+
+D = Draft([5, 7, 6], [ROOT, ROOT, 0], [0.9, 0.5, 0.2])  # root -> 5 -> 6, root -> 7
+
+PACK_CASES = [  # (budget, vocab_size, min_score, tokens, parents, kept)
+    (4, 64, 0.0, [0, 5, 7, 6], [-1, 0, 0, 1], [0, 1, 2]),  # everything fits
+    (2, 64, 0.0, [0, 5, 7], [-1, 0, 0], [0, 1]),  # the budget
+    (4, 64, 0.4, [0, 5, 7], [-1, 0, 0], [0, 1]),  # the score (the module docstring's example)
+    (4, 7, 0.0, [0, 5, 6], [-1, 0, 1], [0, 2]),  # 7 is outside the vocabulary
+    (4, 64, 0.95, [0], [-1], []),  # nothing clears the score
+]
+
+
+@pytest.mark.parametrize("budget, vocab, min_score, tokens, parents, kept", PACK_CASES)
+def test_pack_draft(budget, vocab, min_score, tokens, parents, kept):
+    assert pack_draft(D, budget, vocab, min_score) == (tokens, parents, kept)
+
+
+def test_pack_draft_drops_children_of_dropped_nodes():
+    assert pack_draft(D, 4, 64, 0.5, scores=[0.1, 0.9, 0.9]) == ([0, 7], [-1, 0], [1])  # 6's parent 5 is cut
+
+
+def _selector(drafter, budgets=None, max_context_len=64, **cfg):
+    config = EngineConfig(model_path="unused", **cfg)
+    return DraftSelector(config, drafter, budgets or FixedBudgets(4), max_context_len, 64, collections.Counter())
+
+
+def _running(n=2, max_new=8, prompt=(1, 5, 6)):
+    s = Scheduler(max_running=n, seed=0, eos_ids=frozenset())
+    for i in range(n):
+        s.add(
+            GenerateRequest(
+                rid=f"r{i}", input_ids=list(prompt), prompt_id=f"p{i}", sampling=SamplingParams(max_new_tokens=max_new)
+            )
+        )
+    return s.admit()
+
+
+def test_step_budgets_are_capped():
+    running = _running(3, max_new=8)
+    running[1].output = [9] * 6  # 1 token left after the root's: at most 1 draft node
+    running[2].tokens = running[2].tokens + [9] * 59  # 2 tokens of context room left
+    sel = _selector(ScriptedDrafter({}), FixedBudgets(20), num_draft_tokens=5, draft_selection="all")
+    assert sel.step_budgets(running) == [5, 1, 2]
+    plain = _selector(ScriptedDrafter({}), speculative_algorithm="NONE")
+    assert not plain.speculate and plain.step_budgets(running) == [0, 0, 0]
+
+
+def test_select_packs_trees_and_learns_what_was_accepted():
+    """Request r0 has a reference continuation (a chain of 4 within its budget), r1 none (its root alone)."""
+    drafter = ScriptedDrafter({"p0": [7, 8, 9, 10, 11]})
+    sel = _selector(drafter, draft_selection="all")
+    running = _running(2)
+    for st in running:
+        drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+    got = sel.select(running, prefill=4, started=0.0)
+    assert got.drafted and list(got.verified) == [0]
+    assert got.tb.counts.tolist() == [5, 1] and got.tb.tokens.tolist() == [6, 7, 8, 9, 10, 6]
+    before = sel.calibration.table()
+    sel.observe(got, [WalkResult([1, 2], [7, 8, 3], [0, 1, 2]), WalkResult([], [4], [5])], 2, 4, 4, 0.0)
+    assert sel.calibration.table() != before  # 2 of the 4 verified nodes accepted
+    assert sel.step_cost.ready is False  # one real step: far from min_steps
+
+
+def _expensive_rows() -> StepCostModel:
+    model = StepCostModel()
+    for extra in (0, 10) * 16:  # 50 ms a step, 1 s per extra row: no draft node pays
+        model.observe(1, 1 + extra, 0.05 + 1.0 * extra)
+    model.observe = lambda *a, **k: None  # keep these costs
+    return model
+
+
+def test_cut_pauses_drafting_when_nothing_pays():
+    """Drafting that cannot pay still verifies its best node; once drafting is measured to cost host time, such a
+    step pauses drafting for 1 step, then 2, 4, ... (doubling)."""
+    drafter = ScriptedDrafter({"p0": [7, 8, 9, 10, 11]})
+    sel = _selector(drafter, draft_selection="cost")
+    sel.step_cost = _expensive_rows()
+    sel.governor = None
+    [st] = _running(1)
+    drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+    pattern = []
+    for _ in range(8):
+        started = time.perf_counter() - 0.01  # 10 ms of drafting work
+        got = sel.select([st], prefill=0, started=started)
+        pattern.append(got.tb.num_rows - 1)
+        sel.observe(got, [WalkResult([], [3], [0])], 1, 0, 1, started)
+    # no drafting time measured yet at the first cut; then 1 node and a pause of 1, of 2, of 4 steps
+    assert pattern == [1, 1, 0, 1, 0, 0, 1, 0]
+    assert sel.stats == {"draft_pauses": 3, "paused_steps": 4}
+
+
+def test_new_history_step_ends_a_pause():
+    drafter = ScriptedDrafter({"p0": [7, 8]})
+    drafter.open_step = 0
+    sel = _selector(drafter, draft_selection="cost")
+    sel._pause = 3
+    running = _running(1)
+    assert sel.step_budgets(running) == [0]
+    drafter.open_step = 1  # the drafter moved on: whether drafting pays is measured anew
+    assert sel.step_budgets(running) == [4]
