@@ -12,6 +12,7 @@ contiguous range of slots; batch row ``b`` is slot ``slot_start + b``.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from sglang_histospec.engine.types import SUPPORTED_ARCHITECTURES
 
@@ -155,6 +156,7 @@ class TreeForward:
         slot_idx = b_idx + slot_start
         pos_idx = write_pos[b_idx, n_idx]
         rows = len(b_idx)
+        wide = self._wide_rows(write_pos)
         hidden = self.decoder.embed_tokens(input_ids[b_idx, n_idx])[None]  # [1, R, H]
         cos, sin = self.decoder.rotary_emb(hidden, positions[b_idx, n_idx][None])
         cos, sin = cos[0, :, None], sin[0, :, None]  # [R, 1, D]
@@ -178,20 +180,48 @@ class TreeForward:
             keys = kv[0, slot_start : slot_start + bsz, :, :t]
             values = kv[1, slot_start : slot_start + bsz, :, :t]
             padded[b_idx, n_idx] = q
-            out = torch.nn.functional.scaled_dot_product_attention(
-                padded.transpose(1, 2),  # [B, H, N, D]
-                keys,
-                values,
-                attn_mask=mask,
-                scale=attn.scaling,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )
-            out = out.transpose(1, 2)[b_idx, n_idx].reshape(1, rows, width)
+            out = self._attend(padded, keys, values, mask, attn.scaling, wide)[b_idx, n_idx].reshape(1, rows, width)
             hidden = residual + attn.o_proj(out)
             residual = hidden
             hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
         out = hidden.new_zeros((bsz, n, hidden.shape[-1]))
         out[b_idx, n_idx] = self.decoder.norm(hidden)[0]
+        return out
+
+    @staticmethod
+    def _wide_rows(write_pos: torch.Tensor) -> torch.Tensor | None:  # [B, N] -> [M] int64 or None
+        """The requests with more than one query column, when attending them apart pays (see ``_attend``): at
+        most a quarter of the batch, padded to at least 4 columns; else None (one padded pass is as cheap)."""
+        bsz, width = write_pos.shape
+        if width < 4 or bsz < 4:
+            return None
+        wide = ((write_pos >= 0).sum(dim=1) > 1).nonzero(as_tuple=True)[0]
+        return wide if 0 < len(wide) <= bsz // 4 else None
+
+    def _attend(
+        self,
+        q: torch.Tensor,  # [B, N, H, D] queries, padded
+        keys: torch.Tensor,  # [B, Hkv, T, D]
+        values: torch.Tensor,  # [B, Hkv, T, D]
+        mask: torch.Tensor,  # [B, 1, N, T] additive
+        scale: float,
+        wide: torch.Tensor | None,  # [M] int64 requests with more than one query column (``_wide_rows``)
+    ) -> torch.Tensor:  # [B, N, H, D]
+        """Attention of every query column. A step where a few requests carry a tree pads every request to the
+        largest tree, and the attention's cost grows with that width; so the requests with one column (no draft)
+        attend in a pass of width 1 and only the ``wide`` ones in a padded pass of their own (their keys gathered).
+        Both give the same values as one padded pass, up to float rounding."""
+        gqa = self.num_heads != self.num_kv_heads
+
+        def sdpa(qq, kk, vv, mm):
+            return F.scaled_dot_product_attention(
+                qq.transpose(1, 2), kk, vv, attn_mask=mm, scale=scale, enable_gqa=gqa
+            )
+
+        if wide is None:
+            return sdpa(q, keys, values, mask).transpose(1, 2)
+        out = sdpa(q[:, :1], keys, values, mask[:, :, :1]).transpose(1, 2).expand(q.shape).clone()
+        out[wide] = sdpa(q[wide], keys[wide], values[wide], mask[wide]).transpose(1, 2)
         return out
 
     @torch.inference_mode()

@@ -79,3 +79,37 @@ def test_unsupported_architecture_is_named():
 
     with pytest.raises(ValueError, match="not supported by the torch engine"):
         check_architecture(GPT2Config())
+
+
+@pytest.mark.parametrize("wide_rows", [[2], [0, 5], [0, 1, 3, 6]])
+def test_requests_without_a_tree_attend_apart_with_the_same_result(hf_model, monkeypatch, wide_rows):
+    """A verify pass where some requests carry a chain and the others only their root: the split attention
+    (``TreeForward._attend``) gives the hidden states of one padded pass."""
+    fwd = TreeForward(hf_model)
+    bsz, p, n = 8, 5, 4
+
+    def run() -> torch.Tensor:
+        cache = fwd.new_cache(max_slots=bsz, max_capacity=32)
+        cache.ensure(bsz, p + n)
+        ctx = torch.randint(0, 64, (bsz, p), generator=torch.Generator().manual_seed(4))
+        pos = torch.arange(p).repeat(bsz, 1)
+        fwd.forward(ctx, pos, pos, torch.ones(p, p, dtype=torch.bool).tril().repeat(bsz, 1, 1, 1), cache, 0)
+        ids = torch.randint(0, 64, (bsz, n), generator=torch.Generator().manual_seed(5))
+        qpos = (p + torch.arange(n)).repeat(bsz, 1)
+        write = qpos.clone()
+        mask = torch.zeros(bsz, 1, n, p + n, dtype=torch.bool)
+        mask[:, :, :, :p] = True
+        for b in range(bsz):
+            cols = n if b in wide_rows else 1
+            write[b, cols:] = -1
+            qpos[b, cols:] = p
+            mask[b, 0, :, p] = True  # padding sees the past and the root
+            mask[b, 0, :cols, p : p + cols] = torch.ones(cols, cols, dtype=torch.bool).tril()
+        return fwd.forward(ids, qpos, write, mask, cache, slot_start=0)
+
+    split = run()
+    monkeypatch.setattr(TreeForward, "_wide_rows", staticmethod(lambda write_pos: None))
+    padded = run()
+    for b in range(bsz):
+        cols = n if b in wide_rows else 1
+        torch.testing.assert_close(split[b, :cols], padded[b, :cols], atol=1e-5, rtol=1e-5)
