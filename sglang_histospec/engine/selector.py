@@ -178,7 +178,7 @@ class DraftSelector:
         """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
         calibrated path probabilities of every request's draft nodes within its budget, for a step that also
         carries ``prefill`` merged prefill tokens (0.0 keeps everything; the best node is always kept, so that
-        the calibration keeps learning). Starts a pause when drafting is not expected to pay (module docstring)."""
+        the calibration keeps learning). Starts a pause when drafting is not expected to pay (the class docstring)."""
         if not len(scores):
             return 0.0
         desc = np.sort(scores)[::-1]
