@@ -106,7 +106,7 @@ class PipeSimResult:
         return sum(s.makespan for s in warm) / sum(s.lower_bound for s in warm) - 1.0
 
     def to_json(self) -> dict:
-        """The ``histospec pipe simulate --json`` object: the metrics of :class:`PipeSimulator`'s docstring plus details."""
+        """The ``histospec pipe simulate --json`` object: the metrics (:class:`PipeSimulator`) plus details."""
         return {
             "policy": self.policy,
             "workers": self.workers,
