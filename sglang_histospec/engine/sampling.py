@@ -2,11 +2,11 @@
 
 Processing (SGLang's order): ``softmax(logits / T)``, then top-k, then top-p, each renormalised; greedy rows
 (temperature 0 or top_k 1) keep ``softmax(logits)`` for their logprobs and pick the argmax. Verification, in its
-one-uniform form (``sample_rows`` + ``TreeBatch.walk``): one draw from q at every node of every tree, then each tree
-is walked from the root along the children that carry the drawn tokens; the first drawn token with no such child
-is the final one. Child x is taken exactly when the draw is x, with probability q(x), as in the sequential rule of
-multi-draft speculative sampling (``tests/helpers/sequential_verify.py``, the reference the tests compare against;
-duplicate siblings are never taken twice in either), so both produce the same output distribution. Example: ``process_logits``.
+one-uniform form (``sample_rows`` + ``TreeBatch.walk``): one draw from q at every node of every tree, then each tree is
+walked from the root along the children that carry the drawn tokens; the first drawn token with no such child is the
+final one. Child x is taken exactly when the draw is x, with probability q(x), as in the sequential rule of multi-draft
+speculative sampling (``tests/helpers/sequential_verify.py``, the reference the tests compare against; duplicate
+siblings are never taken twice in either), so both produce the same output distribution. Example: ``process_logits``.
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ class HistoSpecWorker(NGRAMWorker):
     class only changes where the N draft nodes of each request come from:
 
     * ``_prepare_draft_tokens``: one :class:`~sglang_histospec.plugin.adapter.HistorySpecCorpus` call for the batch
-      (each request keyed by :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`: ``custom_params["prompt_id"]``,
-      or a hash of its prompt tokens);
+      (each request keyed by :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`:
+      ``custom_params["prompt_id"]``, or a hash of its prompt tokens);
     * ``note_request_finished``: the finished response becomes history for its prompt (aborts are dropped);
     * ``clear_cache_pool`` (every ``/flush_cache`` and, by default, every weight update): per-request state is dropped,
       the open step is closed, the history is KEPT (NGRAM would reset its corpus here);

@@ -89,7 +89,8 @@ class SGLangBackend:
     """SGLang's server as a ``HistoryBackend`` (``server/protocol.py``): history operations go to the schedulers
     through the ``SchedulerBridge``; generation, weights and caches stay SGLang's own routes.
 
-    ``/histospec/stats`` shows the drafter as seen by TP rank 0; ``/generate``, weight updates, ``/flush_cache`` and metrics are SGLang's own.
+    ``/histospec/stats`` shows the drafter as seen by TP rank 0; ``/generate``, weight updates, ``/flush_cache`` and
+    metrics are SGLang's own.
     """
 
     def __init__(self, bridge: SchedulerBridge) -> None:
