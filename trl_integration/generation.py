@@ -1,10 +1,7 @@
 """The generation backend the trainer plugs into TRL's ``vllm_generation`` slot: rollout servers instead of vLLM.
 
-TRL 1.16 calls ``backend.sync_weights()`` before a generation whenever ``state.global_step`` changed since the last
-sync (so never during gradient-accumulation micro-steps or ``num_iterations`` reuse), then
-``backend.generate(prompts=token_ids, images=..., num_generations=G, profiler=...)`` with this rank's prompts (the
-G copies of each prompt included) and keeps ``logprobs[i][t][0]`` as the sampling logprob of token t, which feeds its
-importance-sampling correction. This class honours that interface; it imports neither TRL nor vLLM.
+:class:`HistoSpecGeneration` honours the interface TRL 1.16 calls there (``sync_weights``, ``generate``; when and
+with what: its class docstring); it imports neither TRL nor vLLM.
 
 Example (what TRL does with it)::
 
@@ -72,6 +69,12 @@ class HistoSpecGeneration:
     generation starts; None for a row = the id derived from its tokens), or None; ids are used only when there is
     one per prompt. ``records`` collects every
     ``generate`` call since the trainer last cleared it.
+
+    TRL 1.16 calls ``backend.sync_weights()`` before a generation whenever ``state.global_step`` changed since the last
+    sync (so never during gradient-accumulation micro-steps or ``num_iterations`` reuse), then
+    ``backend.generate(prompts=token_ids, images=..., num_generations=G, profiler=...)`` with this rank's prompts (the
+    G copies of each prompt included) and keeps ``logprobs[i][t][0]`` as the sampling logprob of token t, which feeds
+    its importance-sampling correction. This class honours that interface; it imports neither TRL nor vLLM.
     """
 
     def __init__(

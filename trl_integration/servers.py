@@ -1,10 +1,6 @@
 """The trainer's view of one or more rollout servers (or one router): checks, generation, history, weights, stats.
 
-No torch and no TRL here: token ids in, token ids and logprobs out. Requests are spread over the servers by prompt
-id (a stable hash), so the samples of one GRPO group land on the same server and see each other as siblings; history
-pushes and weight updates go to every server.
-
-Example::
+No torch and no TRL here: token ids in, token ids and logprobs out (placement: :class:`RolloutServers`). Example::
 
     servers = RolloutServers(["http://127.0.0.1:30000"], request_timeout=600)
     servers.check(tokenizer)                       # reachable, same vocabulary and tokenizer as the trainer
@@ -74,7 +70,12 @@ def _route(prompt_id: str | None, n: int, fallback: int) -> int:
 
 
 class RolloutServers:
-    """Clients of every URL in ``urls``; thread pool for concurrent calls. Use ``close()`` when done."""
+    """Clients of every URL in ``urls``; thread pool for concurrent calls. Use ``close()`` when done.
+
+    No torch and no TRL here: token ids in, token ids and logprobs out. Requests are spread over the servers by prompt
+    id (a stable hash), so the samples of one GRPO group land on the same server and see each other as siblings;
+    history pushes and weight updates go to every server.
+    """
 
     def __init__(self, urls: Sequence[str], request_timeout: float = 600.0, admin_api_key: str | None = None) -> None:
         if isinstance(urls, str):

@@ -1,24 +1,7 @@
 """``HistoSpecGRPOTrainer``: TRL's ``GRPOTrainer`` whose rollouts run on HistoSpec rollout servers.
 
-What changes against ``GRPOTrainer`` (everything else, batching, gradient accumulation, ``num_iterations`` reuse, the
-loss, is TRL's own code), through transformers' ``training_step`` / ``prediction_step`` (prompt ids before the
-step's generation, metrics and history push after it) and, where TRL has no public hook, ``trl_internals.py``:
-
-- generation: ``HistoSpecGeneration`` takes TRL's ``vllm_generation`` slot, so TRL itself decides when to sync weights
-  (before a generation, when ``global_step`` changed) and applies its importance-sampling correction with the
-  servers' per-token logprobs (``vllm_importance_sampling_*`` settings apply unchanged);
-- prompt ids: each row's ``prompt_id_column`` (or, without one, the servers' hash of its prompt tokens,
-  ``drafting/prompt_ids.py``) goes with its requests;
-- history: after the rewards of a generation are known, its responses and rewards are gathered across ranks and
-  pushed per prompt id to every server (``/histospec/history``, step = the weights' global step);
-- metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``, ``histospec/accepted_tokens``
-  (this generation, all ranks) and ``histospec/history_tokens``, ``histospec/history_prompts`` (server, main process).
-
-Limits: text prompts only (no images); with ``tools``, TRL's tool loop generates again for the samples that called a
-tool, and those follow-up requests go without the row's prompt id (the servers key them by their own tokens, and
-they are not pushed); PEFT models are refused at the first weight sync (merge the adapters first).
-
-Example::
+What changes against ``GRPOTrainer`` (generation slot, prompt ids, history pushes, metrics) and the limits: the
+class docstring; README, "Use with TRL"; docs/architecture.md, "Life of a training step". Example::
 
     args = HistoSpecGRPOConfig(output_dir="out", rollout_urls=["http://127.0.0.1:30000"])
     trainer = HistoSpecGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds,
@@ -51,6 +34,25 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
     Attributes added: ``servers`` (``RolloutServers``), ``histospec`` (the generation backend; ``histospec.records``,
     ``histospec.synced_steps``), ``history_pushes`` (list of ``(step, responses pushed)`` on the main process),
     ``recent_generations`` (this rank's last ``RECENT_GENERATIONS`` generation records, oldest first).
+
+    What changes against ``GRPOTrainer`` (everything else, batching, gradient accumulation, ``num_iterations`` reuse,
+    the loss, is TRL's own code), through transformers' ``training_step`` / ``prediction_step`` (prompt ids before the
+    step's generation, metrics and history push after it) and, where TRL has no public hook, ``trl_internals.py``:
+
+    - generation: ``HistoSpecGeneration`` takes TRL's ``vllm_generation`` slot, so TRL itself decides when to sync
+      weights (before a generation, when ``global_step`` changed) and applies its importance-sampling correction with
+      the servers' per-token logprobs (``vllm_importance_sampling_*`` settings apply unchanged);
+    - prompt ids: each row's ``prompt_id_column`` (or, without one, the servers' hash of its prompt tokens,
+      ``drafting/prompt_ids.py``) goes with its requests;
+    - history: after the rewards of a generation are known, its responses and rewards are gathered across ranks and
+      pushed per prompt id to every server (``/histospec/history``, step = the weights' global step);
+    - metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``,
+      ``histospec/accepted_tokens`` (this generation, all ranks) and ``histospec/history_tokens``,
+      ``histospec/history_prompts`` (server, main process).
+
+    Limits: text prompts only (no images); with ``tools``, TRL's tool loop generates again for the samples that called
+    a tool, and those follow-up requests go without the row's prompt id (the servers key them by their own tokens, and
+    they are not pushed); PEFT models are refused at the first weight sync (merge the adapters first).
     """
 
     RECENT_GENERATIONS = 64

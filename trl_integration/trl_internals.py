@@ -1,14 +1,13 @@
 """Every use of TRL's private API, in one place, checked against the pinned TRL by ``tests/trl/test_trl_internals.py``.
 
-The rest of ``trl_integration`` uses public hooks: ``rollout_func``, ``reward_funcs`` and transformers' documented
-override points ``Trainer.training_step`` / ``prediction_step``. What TRL 1.16.0 offers no public way to do is here:
+The rest of ``trl_integration`` uses public hooks (``rollout_func``, ``reward_funcs``, transformers'
+``Trainer.training_step`` / ``prediction_step``). What TRL 1.16.0 offers no public way to do is here:
 
 * ``adopt_generation_slot``: TRL syncs weights lazily and corrects for the sampler's logprobs only on its vLLM path,
   so our backend takes ``vllm_generation``'s place (TRL then calls ``sync_weights()`` and ``generate(...)``);
-* ``RewardHook._calculate_rewards``: the one point where every reward function's output (reward models included),
-  gathered over ranks, is seen;
-* ``log_metric`` (``_metrics``: merged into the step's log line), ``tokenizer_of`` (``_tokenizer``),
-  ``synced_step`` (``_last_loaded_step``), ``tokenize_prompts`` (``_tokenize_prompts``: TRL's chat template).
+* ``RewardHook._calculate_rewards``: the one point where every reward function's output, gathered over ranks, is seen;
+* ``log_metric`` (``_metrics``), ``tokenizer_of`` (``_tokenizer``), ``synced_step`` (``_last_loaded_step``),
+  ``tokenize_prompts`` (``_tokenize_prompts``: TRL's chat template).
 
 Example: ``check_pinned_trl()`` returns ``[]`` on TRL 1.16.0, else one line per private name that changed.
 """
@@ -57,7 +56,11 @@ PRIVATE_USES = {
 
 class RewardHook:
     """Mixin before ``GRPOTrainer``: hands TRL's gathered rewards ``[N_global, n_reward_funcs]`` to
-    ``self.on_rewards`` each time TRL scores a generation."""
+    ``self.on_rewards`` each time TRL scores a generation.
+
+    TRL's ``_calculate_rewards`` is the one point where every reward function's output (reward models included),
+    gathered over ranks, is seen.
+    """
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: ANN001 - TRL's names
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]

@@ -1,11 +1,7 @@
 """Push the trainer's weights to the rollout servers: through a checkpoint on disk, or over a process group.
 
-``DiskWeightSync`` (works everywhere the servers can read the trainer's disk): every rank takes part in
-``accelerator.get_state_dict`` (a collective under ZeRO-3 / FSDP), the main process writes a safetensors checkpoint
-and POSTs ``/update_weights_from_disk`` with ``weight_version = str(global_step)`` to every server, then all ranks
-wait for it. ``DistributedWeightSync`` (GPU clusters, real SGLang servers): the main process forms a process group
-with the servers' workers (``/init_weights_update_group``, trainer = rank 0) and broadcasts each tensor while
-``/update_weights_from_distributed`` tells the servers its name, dtype and shape. No TRL import here.
+``DiskWeightSync`` (works everywhere the servers can read the trainer's disk) and ``DistributedWeightSync`` (GPU
+clusters, real SGLang servers; NCCL): the steps each takes, their classes' docstrings. No TRL import here.
 
 Example::
 
@@ -40,6 +36,11 @@ class DiskWeightSync:
 
     ``tokenizer`` (optional) is saved next to the weights at the first sync, so the directory is a complete model
     (a server can restart from it, and a server's ``tokenizer_path`` stays checkable after an update).
+
+    ``DiskWeightSync`` (works everywhere the servers can read the trainer's disk): every rank takes part in
+    ``accelerator.get_state_dict`` (a collective under ZeRO-3 / FSDP), the main process writes a safetensors checkpoint
+    and POSTs ``/update_weights_from_disk`` with ``weight_version = str(global_step)`` to every server, then all ranks
+    wait for it.
     """
 
     def __init__(self, servers: RolloutServers | None, directory: str, tokenizer: Any = None) -> None:
@@ -89,6 +90,10 @@ class DistributedWeightSync:
 
     The trainer side of the group is formed with SGLang's own helper (``sglang.srt.utils.init_custom_process_group``),
     so SGLang must be importable in the trainer's environment for this path.
+
+    ``DistributedWeightSync`` (GPU clusters, real SGLang servers): the main process forms a process group
+    with the servers' workers (``/init_weights_update_group``, trainer = rank 0) and broadcasts each tensor while
+    ``/update_weights_from_distributed`` tells the servers its name, dtype and shape.
     """
 
     def __init__(self, servers: RolloutServers | None, config: DistributedSyncConfig) -> None:

@@ -1,21 +1,8 @@
 """``histospec bench engine``: tokens/s of the embedded engine with HistoSpec, without it, and HF ``generate``.
 
-Workload: a fixed prompt set repeated every epoch (an RL rollout without weight updates), ``--group-size``
-samples per prompt at temperature 1, ``--batch`` requests decoded together. Epoch 0 fills the history (the
-HistoSpec engine records its own finished responses, ``end_step`` closes each epoch); epochs 1.. are measured.
-Both engines first warm up on a few short requests. In every epoch the three systems run the same requests (same
-seeds for the two engines: ``demo/rollouts.py`` ``epoch_requests(..., seeding="index")``); the two engines take
-decode steps in turn (``--sequential``: one whole epoch after the other), so that the machine's load changes hit
-both alike, then transformers ``generate`` runs. The JSON
-reports medians over the measured epochs, per wall-clock second (``tokens_per_s_*``) and per CPU second of the
-process (``cpu_tokens_per_s_*``, less sensitive to other jobs on a shared machine), and beside them
-``speedup_cold`` (epoch 0: no history yet) and ``speedup_min`` (the worst epoch, epoch 0 included). ``--batch
-1,4,16,64`` runs the workload at each batch size: ``{"sweep": [one result per batch], "speedup_min": ...}``.
-Diagnostics: ``step_cost_ratio`` (wall
-time of one HistoSpec engine step, verify forward and host work, over one plain step; the speedup is about
-``forwards_plain / forwards_histospec / step_cost_ratio``) and ``mean_token_entropy`` (nats per generated token
-of the sampling distribution: the lower, the more the responses of one prompt rhyme and the more drafts accept).
-Defaults: the 64 prompts of the demo task, 8 samples each (a GRPO group), batch 16.
+Rollout epochs of a fixed prompt set (epoch 0 fills the history, the later ones are measured); the JSON holds
+medians over the measured epochs and the speedups. Workload and every figure: docs/benchmarks.md, "What the bench
+commands measure"; measured runs: its "Engine" section.
 
 Example::
 

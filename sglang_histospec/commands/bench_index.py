@@ -1,20 +1,8 @@
 """``histospec bench index``: ingest speed, draft latency and memory of the history index on synthetic data.
 
-Workload: ``--prompts`` prompts, each with a base response of ``--length`` tokens; its history is
-``--responses`` responses that copy the base token by token with probability ``--similarity`` (else a random
-token). Then one request per prompt (batch = prompts) decodes a fresh response drawn the same way: every step
-drafts the whole batch (``draft_batch``, budget ``--budget``), accepts the longest draft path that matches the
-true continuation, and extends by the accepted tokens plus one bonus token, as an engine would.
-
-The workload drives the backend interface that the facade calls (``set_history``, ``start``, ``extend``,
-``draft_batch``). Figures: ``ingest_tokens_per_s`` = history tokens / CPU seconds of the thread running the
-backend's ``set_history`` (the index build, one core; ``ingest_tokens_per_s_wall`` = the same over wall time);
-``draft_us_p50/p99`` = wall time of one request's draft inside a batch call (``draft_batch_timed``), per
-request-step; ``call_us_per_request_p50`` = the whole ``draft_batch`` call (bindings included) / batch size;
-``draft_cpu_us_per_request`` = CPU seconds of the drafting thread per request-step (mean; unlike wall times it
-does not count time spent waiting for a core on a shared machine, see ``load_avg_1min``);
-``bytes_per_token`` = backend bytes / history tokens. With ``--reference-prompts`` > 0 the same measurements run
-on a small copy of the workload with the Python reference and the native index side by side (``reference_*``).
+A batch of requests decodes responses that resemble their prompts' synthetic history, driving the backend
+interface the facade calls (``set_history``, ``start``, ``extend``, ``draft_batch``). Workload and every figure:
+docs/benchmarks.md, "What the bench commands measure"; measured runs: its "History index" section.
 
 Example: ``histospec bench index --prompts 8 --length 512 --steps 20 --json``
 """

@@ -1,18 +1,9 @@
 """``histospec bench pipe-servers``: HistoPipe measured on real rollout servers, beside the simulator's prediction.
 
-Starts ``--servers`` rollout servers of the embedded engine (``histospec serve --backend torch``, CPU, one thread
-each; the quick demo model unless ``--model``), fits the cost model to them (:func:`calibrate`: per-iteration
-times at several batch sizes, before the replay and again after it: the load of a shared machine drifts), then
-replays the first ``--steps`` steps of a recorded trace through the router once per policy (policies interleaved
-step by step, ``--repeats`` times with fresh routers): every prompt's G samples, each forced to its recorded length times ``--length-scale``
-(``ignore_eos``; seeded, so every policy runs the same work). Step makespan and idle come from the servers' own
-timestamps (``meta_info.server_received`` / ``server_answered`` of every request, pipe/timeline.py); the
-simulator (pipe/simulator.py) replays the same steps with the cost model fitted to both calibrations.
-
-``--overlap``: every router runs one-step overlap (``RouterConfig.overlap``: deferred stragglers come back with the
-next step call, the rest with a final drain), so the policies run one after another instead of interleaved (a
-policy's deferred requests would run into the next policy's step); makespan and idle are then the whole run's
-(first request received to last answered), against the simulator's overlap mode. Example::
+Starts CPU rollout servers, fits the cost model to them (:func:`calibrate`), replays trace steps through the
+router once per policy and compares the servers' own step makespans and idle time with the simulator's. Workload,
+``--overlap`` and every figure: docs/benchmarks.md, "What the bench commands measure"; measured runs: its "Real
+rollout servers" section. Example::
 
     histospec bench pipe-servers --steps 8 --json     # the last stdout line holds every figure
 """

@@ -1,12 +1,8 @@
 """Task families in chat form with verifiable rewards, for real instruct models (SmolLM2) under GRPO.
 
-Each family makes a fixed prompt set from a seed (stable ``prompt_id`` s, so prompts repeat every epoch as in RL on a
-fixed data set), scores a completion by its final ``Answer:`` line, and writes reference solutions in a few
-phrasings for a short supervised warm-up on problems *outside* the prompt set.
-
-- ``arith``: a chain of four or five operations on a starting number, solved one step per line.
-- ``sort``: five to seven words sorted alphabetically, numbered, then the list on the answer line.
-- ``units``: a two-stage unit conversion (hours and minutes to seconds, km and m to cm, ...), explained.
+Each family (``arith``, ``sort``, ``units``: ``FAMILIES``) makes a fixed prompt set from a seed (stable
+``prompt_id`` s, repeated every epoch), scores a completion by its final ``Answer:`` line, and writes reference
+solutions for a short supervised warm-up on problems *outside* the prompt set.
 
 Example:
     >>> fam = make_family("arith", num_prompts=2, seed=0)
@@ -127,6 +123,8 @@ class ChatFamily:
 
 
 class ArithFamily(ChatFamily):
+    """``arith``: a chain of four or five operations on a starting number, solved one step per line."""
+
     name = "arith"
     OPS = (("add", "+"), ("subtract", "-"), ("multiply by", "*"))
 
@@ -164,6 +162,8 @@ class ArithFamily(ChatFamily):
 
 
 class SortFamily(ChatFamily):
+    """``sort``: five to seven words sorted alphabetically, numbered, then the list on the answer line."""
+
     name = "sort"
 
     def make(self, index: int, rng: random.Random) -> ChatPrompt:
@@ -182,6 +182,8 @@ class SortFamily(ChatFamily):
 
 
 class UnitsFamily(ChatFamily):
+    """``units``: a two-stage unit conversion (hours and minutes to seconds, km and m to cm, ...), explained."""
+
     name = "units"
 
     def make(self, index: int, rng: random.Random) -> ChatPrompt:

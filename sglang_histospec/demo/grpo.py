@@ -1,16 +1,8 @@
 """GRPO on the demo task with ``HistoSpecGRPOTrainer`` against a rollout server subprocess (torch backend).
 
-One run = one server (``HISTOSPEC`` or ``NONE``) and one trainer starting from the pretrained demo model. Every
-epoch visits each prompt of the fixed set once (``prompts_per_step`` prompts x ``group_size`` samples per step).
-Per epoch the run records the mean reward, the tokens, verify steps, drafted and accepted tokens the server
-reported, and the wall time of the rollouts (the trainer's calls to the server's ``/generate``), and writes every
-response with its reward to a trace (design.md section 3).
-
-With ``GRPORunConfig.side_by_side`` a second server runs ``NONE`` with the same weights (every weight sync goes to
-both) and each rollout request is replayed on it right after the HistoSpec server answered. Both servers start
-from the same seed and see the same requests in the same order, so each request draws the same random stream and
-the replay emits the same tokens: the two timings measure the same work (``EpochStats.plain_seconds``), and
-``identical`` counts the responses that matched.
+:func:`run_grpo` trains for a number of epochs and returns per-epoch rewards and drafting figures, writing every
+response with its reward to a trace (docs/replay.md section 1); ``GRPORunConfig.side_by_side`` also times a
+plain-decoding replay of every rollout. Measured runs: docs/benchmarks.md, "Demo on SmolLM2-135M-Instruct".
 
 Example::
 
@@ -55,7 +47,10 @@ class GRPORunConfig:
     """Train only the top ``train_layers`` decoder layers and the final norm (None: the full model)."""
     side_by_side: bool = False
     """With ``HISTOSPEC``: replay every rollout request on a second, plain-decoding (``NONE``) server that holds the
-    same weights, right after the HistoSpec server answered, and time both (``EpochStats.plain_seconds``)."""
+    same weights, right after the HistoSpec server answered, and time both (``EpochStats.plain_seconds``). Every
+    weight sync goes to both servers; both start from the same seed and see the same requests in the same order, so
+    each request draws the same random stream and the replay emits the same tokens: the two timings measure the same
+    work, and ``identical`` counts the responses that matched."""
     importance_sampling: bool = True
     """TRL's ``vllm_importance_sampling_correction`` (an extra forward over each batch; the rollouts are on-policy
     here, so the ratio it corrects is 1 up to rounding)."""
@@ -108,6 +103,12 @@ def run_grpo(
     progress: bool = True,
 ) -> list[EpochStats]:
     """Train with GRPO for ``config.epochs`` epochs against a fresh ``speculative_algorithm`` server.
+
+    One server (``HISTOSPEC`` or ``NONE``) and one trainer starting from the pretrained demo model. Every epoch
+    visits each prompt of the fixed set once (``prompts_per_step`` prompts x ``group_size`` samples per step). Per
+    epoch the run records the mean reward, the tokens, verify steps, drafted and accepted tokens the server
+    reported, and the wall time of the rollouts (the trainer's calls to the server's ``/generate``), and writes
+    every response with its reward to ``trace_path`` (the trace format of docs/replay.md section 1).
 
     ``work_dir`` receives the trainer's output (weight-sync checkpoints) and the server logs. Returns one
     :class:`~sglang_histospec.demo.rollouts.EpochStats` per epoch (``seconds`` = rollout wall time; with

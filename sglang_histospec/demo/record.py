@@ -1,14 +1,8 @@
 """Record a real RL trace: GRPO on a chat model through the embedded engine, one trace line per response.
 
-Each epoch samples ``group_size`` responses per prompt at temperature 1 (with per-request seeds), scores them,
-pushes them into the engine's history drafter (so drafting is live, and lossless), writes them to the trace, and
-takes one GRPO step: group-normalised advantages, a token-level policy-gradient loss (on-policy, so PPO's ratio
-is 1 and its clip inactive), AdamW on the top ``train_layers`` decoder layers. An optional supervised warm-up on
-reference solutions of problems outside the prompt set first brings the policy to the answer format and to a
-realistic (lower) entropy, as many GRPO recipes do.
-
-Resumable: every finished epoch leaves ``work_dir/epoch-NNN.jsonl`` and a checkpoint of the trained layers; a rerun
-with the same arguments skips them. The final trace (``out``) is the epochs concatenated.
+:func:`record_trace` samples, scores, pushes to the live history drafter, writes the trace and takes one GRPO step
+per epoch, resuming from its work directory; the traces in ``docs/data/`` were recorded with it (format:
+docs/replay.md section 1).
 
 Example::
 
@@ -280,7 +274,18 @@ def _engine(model_dir: str, cfg: RecordConfig):
 
 def record_trace(model_dir: str | os.PathLike, cfg: RecordConfig, out: str | os.PathLike,
                  work_dir: str | os.PathLike, progress: bool = True) -> list[RecordEpoch]:  # fmt: skip
-    """Run the recording (resuming from ``work_dir``), write the trace to ``out``, return per-epoch stats."""
+    """Run the recording (resuming from ``work_dir``), write the trace to ``out``, return per-epoch stats.
+
+    Each epoch samples ``group_size`` responses per prompt at temperature 1 (with per-request seeds), scores them,
+    pushes them into the engine's history drafter (so drafting is live, and lossless), writes them to the trace, and
+    takes one GRPO step: group-normalised advantages, a token-level policy-gradient loss (on-policy, so PPO's ratio
+    is 1 and its clip inactive), AdamW on the top ``train_layers`` decoder layers. An optional supervised warm-up on
+    reference solutions of problems outside the prompt set first brings the policy to the answer format and to a
+    realistic (lower) entropy, as many GRPO recipes do.
+
+    Resumable: every finished epoch leaves ``work_dir/epoch-NNN.jsonl`` and a checkpoint of the trained layers; a
+    rerun with the same arguments skips them. The final trace (``out``) is the epochs concatenated.
+    """
     import torch
 
     torch.manual_seed(cfg.seed)

@@ -195,7 +195,8 @@ def _rollout_plot(ax, rows: list[EpochComparison]) -> None:  # noqa: ANN001 - a 
 
 
 def summary(rows: list[EpochComparison], trace: str, **extra: object) -> dict:
-    """The ``histospec demo --json`` object (design.md section 5) plus per-epoch rows and ``extra`` keys."""
+    """The ``histospec demo --json`` object, also its ``summary.json`` (README "Quick start"): the headline figures
+    below plus per-epoch rows and ``extra`` keys."""
     if not rows:
         raise ValueError("no epochs to summarise; run at least one epoch")
     return {

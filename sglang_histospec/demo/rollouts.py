@@ -1,14 +1,8 @@
 """Multi-epoch rollouts of the demo model on the demo task through the embedded engine, with a trace.
 
-Each epoch samples ``group_size`` responses per prompt of the fixed prompt set at temperature 1 (one RL step
-per epoch), scores them with the task's reward, pushes them with their rewards into the engine's history
-drafter (as the TRL trainer does after each step) and closes the step, so epoch e+1 drafts from epoch e. The
-policy is frozen here: this measures what history drafting gives a slowly moving policy, and records a real
-trace (design.md section 3) for replay and HistoPipe. GRPO training is ``histospec demo`` with the TRL trainer.
-
-Every request has its own sampling seed derived from (seed, epoch, prompt, sample), so a run is reproducible
-and the runs with and without HistoSpec sample the same distribution with the same seeds (``request_seed``;
-``histospec bench engine`` builds its epochs with the same ``epoch_requests``, seeded by ``index_seed``).
+:func:`sample_epochs` runs one RL step per epoch with a frozen policy (epoch e+1 drafts from epoch e's history)
+and can record the trace (docs/replay.md section 1) for replay and HistoPipe; :func:`epoch_requests` builds the
+seeded requests it shares with ``histospec bench engine``. GRPO training is ``histospec demo`` with the TRL trainer.
 
 Example::
 
@@ -214,6 +208,13 @@ def sample_epochs(
     progress: bool = True,
 ) -> list[EpochStats]:
     """Run ``config.epochs`` epochs of rollouts through a fresh embedded engine; optionally write the trace.
+
+    Each epoch samples ``group_size`` responses per prompt of the fixed prompt set at temperature 1 (one RL step
+    per epoch), scores them with the task's reward, pushes them with their rewards into the engine's history
+    drafter (as the TRL trainer does after each step) and closes the step, so epoch e+1 drafts from epoch e. The
+    policy is frozen: this measures what history drafting gives a slowly moving policy. Every request has its own
+    seed (:func:`epoch_requests`), so a run is reproducible and the runs with and without HistoSpec sample the same
+    distribution with the same seeds.
 
     Returns one :class:`EpochStats` per epoch. ``speculative_algorithm`` is ``HISTOSPEC`` or ``NONE``.
     """

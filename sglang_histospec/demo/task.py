@@ -1,16 +1,8 @@
 """The demo's bundled reasoning task: arithmetic expressions solved step by step, with a verifiable reward.
 
-A prompt is an expression followed by ``=``, e.g. ``3+4*2=``. A completion reduces the expression one operation
-at a time and ends with ``#`` and the final value. Two solution styles exist, and whenever several operations can
-be reduced next (``2*3+4*5``, ``(1+2)*(3+4)``) any order is valid, so one prompt has several correct solutions and
-a policy trained on them keeps real entropy:
-
-- ``steps``: each reduced operation as an equation, comma-separated: ``4*2=8,3+8=11#11``; the operands of a
-  ``+`` or ``*`` may be written in either order (``2*4=8,8+3=11#11``)
-- ``chain``: the whole expression after each reduction, joined by ``=``: ``3+8=11#11``
-
-The prompt set is fixed by a seed and each prompt has a stable ``prompt_id`` (``arith-0000``, ...), so prompts
-repeat every epoch as in RL training on a fixed data set. Pure Python (no torch).
+A prompt is an expression followed by ``=``, e.g. ``3+4*2=``; a completion reduces it one operation at a time, in
+any valid order and one of two styles (``STYLES``), and ends with ``#`` and the final value. The prompt set is
+fixed by a seed (:class:`ArithTask`). Pure Python (no torch).
 
 Example:
     >>> task = ArithTask(TaskConfig(seed=0, num_prompts=4))
@@ -29,6 +21,11 @@ from dataclasses import dataclass, field
 OPS = "+-*"
 PRECEDENCE = {"+": 1, "-": 1, "*": 2}
 STYLES = ("steps", "chain")
+"""Solution styles. ``steps``: each reduced operation as an equation, comma-separated: ``4*2=8,3+8=11#11``; the
+operands of a ``+`` or ``*`` may be written in either order (``2*4=8,8+3=11#11``). ``chain``: the whole expression
+after each reduction, joined by ``=``: ``3+8=11#11``. Whenever several operations can be reduced next
+(``2*3+4*5``, ``(1+2)*(3+4)``) any order is valid, so one prompt has several correct solutions and a policy trained
+on them keeps real entropy."""
 ANSWER_MARK = "#"
 STEP_SEP = ","
 # Every character a prompt or a solution can contain (the tokenizer's vocabulary, besides special tokens).
@@ -251,6 +248,9 @@ def _value_range(expr) -> tuple[int, int]:
 
 class ArithTask:
     """The fixed prompt set, a solution sampler and the reward of the demo's arithmetic task.
+
+    The prompt set is fixed by a seed and each prompt has a stable ``prompt_id`` (``arith-0000``, ...), so prompts
+    repeat every epoch as in RL training on a fixed data set.
 
     Example:
         >>> task = ArithTask(TaskConfig(seed=1, num_prompts=8))

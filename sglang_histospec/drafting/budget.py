@@ -1,10 +1,8 @@
 """Per-request draft budgets: AIMD windows and a batch-size cap from a verify-cost table.
 
-Policies (``BudgetConfig.policy``): ``paper`` (RhymeRL's paper: start 2, +2 after a fully accepted draft, back
-to 2 on a rejection, cap 32), ``released`` (RhymeRL's code: x2 when ``accepted >= budget``, else /2, within
-[2, 16]) and ``fixed``. ``step_budgets(req_ids, batch_size)`` caps every window at ``batch_cap(batch_size)``,
-the largest k whose verify pass (k nodes + root) costs at most ``cost_limit`` plain decode steps per the
-``VerifyCostTable``. Exact rules: docs/drafting.md section 10.
+Policies (``BudgetConfig.policy``): ``paper`` (RhymeRL's paper: +2 after a fully accepted draft, back to 2 on a
+rejection), ``released`` (RhymeRL's code: x2 / /2) and ``fixed``; ``step_budgets`` caps every window at
+``batch_cap(batch_size)`` from the ``VerifyCostTable``. Exact rules: docs/drafting.md section 10.
 
 Example::
 
@@ -72,7 +70,8 @@ class BudgetConfig:
 
 
 class BudgetController:
-    """Per-request adaptive budgets (thread-safe); see the module docstring."""
+    """Per-request adaptive budgets (thread-safe); the module docstring has an example, docs/drafting.md section 10
+    the exact rules of each policy and of the batch cap."""
 
     def __init__(self, cfg: BudgetConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else BudgetConfig()

@@ -1,15 +1,7 @@
-"""Drafted path probability -> expected acceptance, learnt online from verify outcomes.
+"""Drafted path probability -> expected acceptance, learnt online from verify outcomes (``DraftCalibration``).
 
-The drafter's path probabilities are history frequencies; small samples make them overconfident (a context seen
-once drafts at probability 1.0), and how far depends on where a draft came from: a prompt's own history rhymes,
-a sibling in flight or the request's own text much less. ``DraftCalibration`` learns the *conditional*
-acceptance of a node given that its parent was accepted, from the drafter's conditional probability (the node's
-path probability over its parent's), per draft key (source x match-length class) and probability bin
-(``BIN_EDGES``); a node's expected acceptance is the product along its path, so what the first levels of the
-trees teach carries to the deep ones. Three shrinkage levels: the key's bin, pulled towards the bin over all
-keys, pulled towards ``prior_scale`` x the conditional probability (an unmeasured drafter is trusted little).
-
-The drafter owns one (``HistoSpecDrafter.calibration``), so the engine's cost cut and replay share it.
+The drafter owns one (``HistoSpecDrafter.calibration``), so the engine's cost cut, replay and the SGLang plugin
+share it. Rules (keys, bins, shrinkage, decay): docs/drafting.md section 10.1.
 
 Example::
 
@@ -65,7 +57,17 @@ def draft_key(source: str, match_len: int) -> int:
 
 
 class DraftCalibration:
-    """Decayed acceptance counts per (draft key, probability bin); see the module docstring."""
+    """Decayed acceptance counts per (draft key, probability bin); rules: docs/drafting.md section 10.1.
+
+    The drafter's path probabilities are history frequencies; small samples make them overconfident (a context seen
+    once drafts at probability 1.0), and how far depends on where a draft came from: a prompt's own history rhymes,
+    a sibling in flight or the request's own text much less. So this learns the *conditional* acceptance of a node
+    given that its parent was accepted, from the drafter's conditional probability (the node's path probability over
+    its parent's), per draft key (source x match-length class) and probability bin (``BIN_EDGES``); a node's
+    expected acceptance is the product along its path, so what the first levels of the trees teach carries to the
+    deep ones. Three shrinkage levels: the key's bin, pulled towards the bin over all keys, pulled towards
+    ``prior_scale`` x the conditional probability (an unmeasured drafter is trusted little).
+    """
 
     def __init__(self, cfg: CalibrationConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else CalibrationConfig()

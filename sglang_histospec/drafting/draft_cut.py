@@ -1,10 +1,7 @@
 """Cost-aware draft cut: an online model of a verify step's time, and the cut that maximises tokens per second.
 
-``StepCostModel`` fits ``seconds = a + b * B + c * E`` online (B requests, E extra query rows: draft nodes and
-merged prefill tokens), seeded by the engine's profile (``engine/profile.py``); ``drafting/calibration.py`` turns
-the drafter's path probabilities (``Draft.probs``, overconfident on small samples) into expected acceptances; with
-the step's nodes sorted by that expectation ``p``, ``best_cut`` returns the ``k`` that maximises
-``(B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k))``. Semantics: docs/drafting.md section 10.
+``StepCostModel`` fits ``seconds = a + b * B + c * E`` (B requests, E extra query rows); ``best_cut`` keeps the k
+most likely nodes that maximise ``(B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k))``. docs/drafting.md section 10.
 
 Example::
 

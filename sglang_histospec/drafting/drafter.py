@@ -1,9 +1,7 @@
 """The public drafter: per-prompt history of earlier responses, request-by-request tree drafting.
 
-``HistoSpecDrafter`` validates input and keeps everything that is not on the hot path (steps, visits, weights,
-LRU eviction, the global FIFO, snapshots) in Python, once; a backend (``NativeIndex`` or the pure-Python
-``ReferenceIndex``) stores the weighted token sequences and drafts from them. The exact semantics are in
-``docs/drafting.md``.
+``HistoSpecDrafter`` keeps validation, steps, visits, weights, LRU, the global FIFO and snapshots; a backend
+(``NativeIndex`` or ``ReferenceIndex``) stores the weighted sequences and drafts. Semantics: docs/drafting.md.
 
 Example::
 
@@ -11,8 +9,7 @@ Example::
     d.add("p", step=0, responses=[[5, 6, 7], [5, 6, 8], [5, 6, 7]], prompt_tokens=[1, 2])
     d.start("r", "p", [1, 2])
     d.draft("r", budget=4)   # Draft(token_ids=[5, 6, 7, 8], parents=[-1, 0, 1, 1], probs=[1.0, 1.0, 0.66.., 0.33..])
-    d.extend("r", [5, 6])    # accepted tokens (incl. the bonus token)
-    d.finish("r", [5, 6, 7]) # becomes a sibling now and history at end_step()
+    d.extend("r", [5, 6]); d.finish("r", [5, 6, 7])   # accepted tokens (+ bonus); a sibling now, history at end_step()
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Native (C++17) backend of the history index: same interface and drafts as ``ReferenceIndex``.
 
-Each prompt's history is a suffix array with prefix sums of integer weights (16 bytes per history token), built
-by SA-IS in linear time on ``set_history`` without the GIL and swapped in under a lock; drafting requests hold a
-reference to the structure they read, so a concurrent replacement never frees it under them. Every request keeps
-its longest-match state per source and advances it by the tokens passed to ``extend``; ``draft_batch`` drafts
-the whole batch without the GIL. Semantics: ``docs/drafting.md``; sources: ``csrc/``.
-
-Importing this module raises ImportError when the extension was not built (the facade then falls back to the
-Python reference).
+A suffix array per prompt, built and drafted from without the GIL (``NativeIndex``; sources: ``csrc/``). Importing
+this module raises ImportError when the extension was not built (the facade then falls back to the reference).
 
 Example (one history response ``[7, 1, 2, 3]`` whose first token ``7`` is the prompt tail)::
 
@@ -35,7 +29,14 @@ def _as_i32(seq) -> np.ndarray:  # [n] int32, C-contiguous (no copy when it alre
 
 
 class NativeIndex:
-    """Native backend; same interface as ``ReferenceIndex`` (``docs/drafting.md`` section 9)."""
+    """Native backend; same interface as ``ReferenceIndex`` (``docs/drafting.md`` section 9).
+
+    Each prompt's history is a suffix array with prefix sums of integer weights (16 bytes per history token), built
+    by SA-IS in linear time on ``set_history`` without the GIL and swapped in under a lock; drafting requests hold a
+    reference to the structure they read, so a concurrent replacement never frees it under them. Every request keeps
+    its longest-match state per source and advances it by the tokens passed to ``extend``; ``draft_batch`` drafts
+    the whole batch without the GIL. Sources: ``csrc/``.
+    """
 
     def __init__(
         self,

@@ -1,8 +1,7 @@
 """Pure-Python reference backend of the history index: simple, obviously correct, slow.
 
-It implements the backend interface and the exact semantics of ``docs/drafting.md`` (sections 3-6 and 9); the
-native index must return the same drafts bit for bit. The facade (``drafter.py``) does validation, steps,
-weights, LRU and snapshots; this class only stores weighted token sequences and drafts from them.
+It implements the backend interface and the exact semantics of docs/drafting.md (sections 3-6 and 9); the native
+index must return the same drafts bit for bit. Validation, steps, weights, LRU and snapshots are the facade's.
 
 Example (one history response ``[7, 1, 2, 3]`` whose first token ``7`` is the prompt tail)::
 

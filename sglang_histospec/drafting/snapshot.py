@@ -1,15 +1,7 @@
 """Snapshot file of a drafter's history: versioned, checksummed, written atomically, verified before use.
 
-Layout (little endian)::
-
-    magic    8 bytes  b"HSPSNAP\\0"
-    version  u32      FORMAT_VERSION
-    reserved u32      0
-    length   u64      payload bytes
-    sha256   32 bytes of the payload
-    payload  = meta_len u64 | meta (UTF-8 JSON) | tokens (int32, in the order the meta lists them)
-
-A file that is truncated, has another magic or version, or whose checksum or structure does not match is
+Layout (``_HEADER``, docs/drafting.md section 8.2): magic, version, payload length, SHA-256, then JSON meta and
+int32 tokens. A truncated file, another magic or version, or a checksum or structure that does not match is
 refused with a ValueError naming the problem; nothing is built from it.
 
 Example::
@@ -35,6 +27,9 @@ from sglang_histospec.drafting.types import MAX_TOKEN_ID
 MAGIC = b"HSPSNAP\x00"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQ32s")
+"""Little endian: magic (8 bytes, ``MAGIC``), version (u32, ``FORMAT_VERSION``), reserved (u32, 0), payload length
+(u64), SHA-256 of the payload (32 bytes); then the payload = meta length (u64) | meta (UTF-8 JSON) | tokens (int32,
+in the order the meta lists them)."""
 
 
 def write_snapshot(path, state: dict) -> None:

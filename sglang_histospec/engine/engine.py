@@ -1,27 +1,7 @@
 """The embedded torch engine: continuous batching with lossless HistoSpec tree verification.
 
-Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it from ONE thread: that thread calls
-``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the drafter
-methods (``engine.drafter.add(...)``, ``engine.drafter.end_step(...)``); other threads hand work to it through a queue.
-
-Life of a request: ``add_request`` queues it; each ``step()`` admits queued requests (up to
-``max_running_requests`` running), then runs ONE verify forward for every running request (its last token as the
-root plus its draft tree, or just the root with ``speculative_algorithm="NONE"``; a newly admitted request's
-prompt minus its last token is prefilled in the same pass, or in a pass of its own when it is longer than the
-draft width) and returns the requests that finished in this step (aborted ones included). ``generate`` is the blocking
-convenience loop over ``add_request`` + ``step``.
-
-A step is a short loop over parts that each do one job (``docs/architecture.md``):
-
-| part | module | job |
-|---|---|---|
-| scheduler | ``engine/scheduler.py`` | admit queued requests into free slots, retire finished ones |
-| selector | ``engine/selector.py`` | budgets, drafts, the cost cut and its pauses, the governor -> the step's trees |
-| inputs | ``engine/inputs.py`` | ids, positions, cache writes and mask of a prefill or a verify pass |
-| verifier | ``engine/verifier.py`` | target distributions, one seeded draw per node, the walk, logprobs |
-| commit | ``engine/commit.py`` | tokens, finish checks, KV compaction, the drafter's history, results |
-
-Example::
+``Engine.step`` admits, drafts, verifies every running request in one forward and commits, one part per stage
+(docs/architecture.md, "One engine step"); drive an ``Engine`` from one thread (its class docstring). Example::
 
     engine = Engine(EngineConfig(model_path="/tmp/tiny", device="cpu"))
     engine.add_request(GenerateRequest(rid="a", input_ids=[1, 2, 3], prompt_id="p0"))
@@ -75,6 +55,18 @@ class Engine:
 
     ``drafter`` / ``budgets`` may be passed in (any objects with the core API: ``start, extend, draft_batch,
     finish, abort`` and ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
+
+    Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it from ONE thread: that thread
+    calls ``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the
+    drafter methods (``engine.drafter.add(...)``, ``engine.drafter.end_step(...)``); other threads hand work to it
+    through a queue.
+
+    Life of a request: ``add_request`` queues it; each ``step()`` admits queued requests (up to
+    ``max_running_requests`` running), then runs ONE verify forward for every running request (its last token as the
+    root plus its draft tree, or just the root with ``speculative_algorithm="NONE"``; a newly admitted request's
+    prompt minus its last token is prefilled in the same pass, or in a pass of its own when it is longer than the
+    draft width) and returns the requests that finished in this step (aborted ones included). ``generate`` is the
+    blocking convenience loop over ``add_request`` + ``step``.
     """
 
     def __init__(self, config: EngineConfig, drafter=None, budgets=None) -> None:

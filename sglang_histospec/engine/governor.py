@@ -1,18 +1,7 @@
 """A measured guard against drafting that does not pay: compare real tokens/s with and without drafting.
 
-The cost-aware cut (``drafting/draft_cut.py``) predicts whether draft nodes pay for their verify rows; a prediction can
-be wrong (host work it does not model, a noisy machine, a cold history). The governor measures instead. Per batch
-size bucket (``bsz.bit_length()``) it keeps a decayed mean of the tokens per second of steps that drafted and of
-steps that did not, and lets a step draft only while drafting steps are measured at least as fast. The losing mode
-is probed now and then, so either side can win back: plain steps every ``probe_every`` drafting steps, drafting
-steps after ``probe_every`` plain steps, the interval doubling (up to ``max_probe_interval``) while probes lose. A
-probe of drafting that did not draft (nothing matched, or the cut kept no node) is repeated at the next step.
-
-A probe is judged against the winning mode's rate *at the time of the probe*: the bucket keeps the measured ratio
-of drafting over plain tokens/s, updated only by observations of the losing mode, each divided by the winner's
-current mean. Comparing two absolute means instead would compare a fresh one with a stale one, and step times
-drift within an epoch (contexts grow, prefills merge in): a plain rate falling below an old drafting rate would
-read as a win for drafting that no step measured.
+Per batch-size bucket ``SpecGovernor`` lets a step draft only while drafting steps are measured at least as fast as
+plain ones, probing the losing mode now and then (rules: its class docstring; docs/drafting.md section 10).
 
 Example::
 
@@ -67,7 +56,23 @@ class _Bucket:
 
 
 class SpecGovernor:
-    """Decides per step whether to draft, from measured tokens/s per batch-size bucket."""
+    """Decides per step whether to draft, from measured tokens/s per batch-size bucket.
+
+    The cost-aware cut (``drafting/draft_cut.py``) predicts whether draft nodes pay for their verify rows; a
+    prediction can be wrong (host work it does not model, a noisy machine, a cold history). The governor measures
+    instead. Per batch size bucket (``bsz.bit_length()``) it keeps a decayed mean of the tokens per second of steps
+    that drafted and of steps that did not, and lets a step draft only while drafting steps are measured at least as
+    fast. The losing mode is probed now and then, so either side can win back: plain steps every ``probe_every``
+    drafting steps, drafting steps after ``probe_every`` plain steps, the interval doubling (up to
+    ``max_probe_interval``) while probes lose. A probe of drafting that did not draft (nothing matched, or the cut
+    kept no node) is repeated at the next step.
+
+    A probe is judged against the winning mode's rate *at the time of the probe*: the bucket keeps the measured ratio
+    of drafting over plain tokens/s, updated only by observations of the losing mode, each divided by the winner's
+    current mean. Comparing two absolute means instead would compare a fresh one with a stale one, and step times
+    drift within an epoch (contexts grow, prefills merge in): a plain rate falling below an old drafting rate would
+    read as a win for drafting that no step measured.
+    """
 
     def __init__(self, config: GovernorConfig | None = None) -> None:
         self.cfg = config or GovernorConfig()

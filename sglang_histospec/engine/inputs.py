@@ -1,19 +1,11 @@
 """The forward inputs of one pass, for a prefill and for a verify step alike: ids, positions, cache writes, mask.
 
-Row b of a pass is one request. Its query columns hold, in order: ``pre[b]`` tokens whose K/V is not cached yet
-(``tokens[kv : kv + pre]``, causal), then, in a verify step, its tree (the root, the last token, then the draft
-nodes of ``TreeBatch``), then padding. ``base = kv + pre`` is the cache index of the root. A prefill column sits at
-its own position; tree node i sits at position ``base + depth(i)``, is written to cache index ``base + i`` and sees
-the past and its ancestors. Padding is never written: in a prefill pass it sits at position 0 and sees key 0, in a
-verify step at the root's position and sees the past and the root.
-
-Example (one request with kv = 2 cached tokens, pre = 1 to prefill, a root and two children)::
+Layout rules: :func:`build_inputs`. Example (one request with kv = 2 cached tokens, pre = 1 to prefill, a root and
+two children)::
 
     tb = TreeBatch.build([([0, 7, 8], [-1, 0, 0])], root_tokens=[9])
     x = build_inputs([[1, 3, 4, 9]], kv=np.array([2]), pre=np.array([1]), tb=tb)
-    x.ids     # [[4, 9, 7, 8]]
-    x.pos     # [[2, 3, 4, 4]]
-    x.write   # [[2, 3, 4, 5]]
+    x.ids, x.pos, x.write   # [[4, 9, 7, 8]], [[2, 3, 4, 4]], [[2, 3, 4, 5]]
     x.mask    # keys 0-5:  [1 1 1 0 0 0]   the prefill token 4 sees the past and itself
               #            [1 1 1 1 0 0]   the root 9 sees the past and itself
               #            [1 1 1 1 1 0]   node 1 (7) sees the root and itself
@@ -58,7 +50,14 @@ def build_inputs(
     pre: np.ndarray,  # [B] int64 tokens to prefill in this pass
     tb: TreeBatch | None = None,  # the verify step's trees (one per row); None = a prefill pass
 ) -> StepInputs:
-    """Lay out one pass (see the module docstring); a prefill pass needs ``pre.max() >= 1``."""
+    """Lay out one pass (the module docstring has an example); a prefill pass needs ``pre.max() >= 1``.
+
+    Row b of a pass is one request. Its query columns hold, in order: ``pre[b]`` tokens whose K/V is not cached yet
+    (``tokens[kv : kv + pre]``, causal), then, in a verify step, its tree (the root, the last token, then the draft
+    nodes of ``TreeBatch``), then padding. ``base = kv + pre`` is the cache index of the root. A prefill column sits
+    at its own position; tree node i sits at position ``base + depth(i)``, is written to cache index ``base + i`` and
+    sees the past and its ancestors. Padding is never written: in a prefill pass it sits at position 0 and sees key
+    0, in a verify step at the root's position and sees the past and the root."""
     counts = np.zeros_like(pre) if tb is None else tb.counts
     base = kv + pre
     bsz, n, t = len(pre), int((pre + counts).max()), int((base + counts).max())

@@ -1,10 +1,7 @@
 """The request queue and the running batch: admit queued requests into free slots, retire finished ones.
 
-Running request ``b`` owns KV-cache slot ``b``; the slots stay contiguous: a retired request's slot is filled by the
-last running request (its cached K/V moved along). Plain objects only, no torch: the cache is anything with
-``move_slot(src, dst, length)``.
-
-Example::
+Running request ``b`` owns KV-cache slot ``b``; a retired request's slot is filled by the last running request (its
+cached K/V moved along). No torch: the cache is anything with ``move_slot(src, dst, length)``. Example::
 
     s = Scheduler(max_running=2, seed=0, eos_ids=frozenset({2}))
     for rid in "abc":

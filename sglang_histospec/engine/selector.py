@@ -1,19 +1,8 @@
 """Which draft nodes a verify step verifies: per-request budgets, the batch-wide cost cut, pauses, the governor.
 
-Each step ``select`` asks the budget controller for every running request's budget (capped by
-``num_draft_tokens``, the tokens left and the context room; all 0 while paused, when the governor measures plain
-steps faster, or without speculation), asks the drafter for trees within them, and, with
-``draft_selection="cost"``, keeps only the nodes whose calibrated path probability clears the cost cut's threshold.
-``observe`` then feeds the step's outcome back: the calibration learns what was accepted, the step model the
-measured time, the governor the tokens/s.
-
-The cut: a node of calibrated probability p is worth p expected tokens and costs one verify row. The step keeps the
-k best nodes of the batch that maximise tokens per second under the step model; when even that rate is below a
-plain step's (the step's cost less the drafting time it saves), the next steps do not draft: 1, then 2, 4, ... up
-to ``pause_steps`` while that keeps happening.
-
-Example (``pack_draft``, the per-request part): the draft root -> 5 -> 6 and root -> 7, path probabilities 0.9,
-0.2 (node 6) and 0.5, with ``min_score=0.4`` keeps draft nodes 0 and 1 (node 6 falls below the score)::
+``DraftSelector.select`` picks the step's trees, ``observe`` feeds the outcome back (rules: its class docstring;
+docs/drafting.md section 10). Example (``pack_draft``, the per-request part): the draft root -> 5 -> 6 and
+root -> 7, path probabilities 0.9, 0.2 (node 6) and 0.5, with ``min_score=0.4`` keeps draft nodes 0 and 1::
 
     pack_draft(Draft([5, 7, 6], [ROOT, ROOT, 0], [0.9, 0.5, 0.2]), budget=4, vocab_size=64, min_score=0.4)
     # ([0, 5, 7], [-1, 0, 0], [0, 1]): the root (token filled in later), 5 and 7, both children of the root
@@ -81,7 +70,20 @@ class DraftSelector:
     ``calibration`` (the drafter's DraftCalibration when it has one) and ``governor`` (SpecGovernor, with the cut).
 
     ``drafter`` and ``budgets`` are the engine's (core HistoSpecDrafter / BudgetController API); ``stats`` is the
-    engine's counter (``draft_pauses``, ``paused_steps``)."""
+    engine's counter (``draft_pauses``, ``paused_steps``).
+
+    Each step ``select`` asks the budget controller for every running request's budget (capped by
+    ``num_draft_tokens``, the tokens left and the context room; all 0 while paused, when the governor measures plain
+    steps faster, or without speculation), asks the drafter for trees within them, and, with
+    ``draft_selection="cost"``, keeps only the nodes whose calibrated path probability clears the cost cut's
+    threshold. ``observe`` then feeds the step's outcome back: the calibration learns what was accepted, the step
+    model the measured time, the governor the tokens/s.
+
+    The cut: a node of calibrated probability p is worth p expected tokens and costs one verify row. The step keeps
+    the k best nodes of the batch that maximise tokens per second under the step model; when even that rate is below
+    a plain step's (the step's cost less the drafting time it saves), the next steps do not draft: 1, then 2, 4, ...
+    up to ``pause_steps`` while that keeps happening.
+    """
 
     def __init__(
         self,
@@ -176,7 +178,7 @@ class DraftSelector:
         """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
         calibrated path probabilities of every request's draft nodes within its budget, for a step that also
         carries ``prefill`` merged prefill tokens (0.0 keeps everything; the best node is always kept, so that
-        the calibration keeps learning). Starts a pause when drafting is not expected to pay (module docstring)."""
+        the calibration keeps learning). Starts a pause when drafting is not expected to pay (the class docstring)."""
         if not len(scores):
             return 0.0
         desc = np.sort(scores)[::-1]

@@ -1,12 +1,7 @@
 """One verify step's draft trees, flattened: the forward inputs of every tree node and the batched verify walk.
 
-Each running request contributes one tree: its root (the last committed token) plus its draft nodes, or the root
-alone. ``TreeBatch`` numbers all nodes of all trees in one row space (request 0's root, its nodes, request 1's
-root, ...; the order of the verify pass's logits), and does the per-node work with numpy over all rows at once
-instead of a Python loop per request: depths (rotary positions), ancestor masks (who may attend to whom), and,
-after the forward, the walk that follows each tree's accepted children (``walk``).
-
-Example::
+Each running request contributes its root (the last committed token) plus its draft nodes; ``TreeBatch`` numbers
+all nodes of all trees in one row space. Example::
 
     tb = TreeBatch.build([([5, 7, 8, 3], [-1, 0, 0, 1]), None], root_tokens=[5, 9])
     tb.offsets              # [0, 4, 5]: request 0 owns rows 0-3, request 1 row 4
@@ -41,7 +36,10 @@ class TreeBatch:
     """The flattened trees of one verify step (build with ``TreeBatch.build``; ``check`` names a broken invariant).
 
     Row r belongs to request ``owner[r]`` as its node ``local[r]``; rows of one request are contiguous, its root
-    first, every parent before its children.
+    first, every parent before its children: request 0's root, its nodes, request 1's root, ... (the order of the
+    verify pass's logits). The per-node work runs with numpy over all rows at once instead of a Python loop per
+    request: depths (rotary positions), ancestor masks (who may attend to whom), and, after the forward, the walk
+    that follows each tree's accepted children (``walk``).
     """
 
     counts: np.ndarray  # [B] int64 nodes per request, root included

@@ -1,13 +1,10 @@
 """Configuration, request and result types of the embedded torch engine (no torch import here).
 
-The server (``sglang_histospec.server``) validates HTTP input into these dataclasses without importing torch; only
-``sglang_histospec.engine.engine`` imports torch and transformers.
-
-Example::
+The server validates HTTP input into these dataclasses without importing torch; only ``engine/engine.py`` imports
+torch and transformers. Example::
 
     from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
     from sglang_histospec.engine.engine import Engine        # imports torch + transformers
-
     engine = Engine(EngineConfig(model_path="/tmp/tiny", speculative_algorithm="HISTOSPEC"))
     req = GenerateRequest(rid="r0", input_ids=[1, 5, 7], prompt_id="p0",
                           sampling=SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=16, seed=0))

@@ -1,13 +1,7 @@
 """The verify step after the forward: the target distribution at every tree node, one draw per node, the walk.
 
-Every request's sampling parameters are applied to its rows (``process_logits``); every node then draws one token
-from its distribution (the argmax for greedy requests; for sampled ones the inverse CDF at the request's own seeded
-uniform of output position ``len(output) + depth``, ``RequestState.uniforms_at``), and each tree is walked from the
-root along the children that carry the drawn tokens (``TreeBatch.walk``): the one-uniform form of lossless
-multi-draft verification (``sampling.py``). The logprob of an emitted token is log q(token) at the node it was
-drawn at.
-
-Example (greedy, one request whose root draws 7 and whose node 1, token 7, draws 3; node 1 has no children)::
+Rules: :func:`verify`. Example (greedy, one request whose root draws 7 and whose node 1, token 7, draws 3; node 1
+has no children)::
 
     tb = TreeBatch.build([([0, 7], [-1, 0])], root_tokens=[5])
     v = verify([st], tb, logits)   # logits [2, V]: argmax 7 at row 0, 3 at row 1
@@ -43,7 +37,15 @@ def verify(
     tb: TreeBatch,
     logits: torch.Tensor,  # [R, V] float32 logits of every tree row, in TreeBatch order
 ) -> Verdict:
-    """Draw at every node of every tree and walk the trees (module docstring)."""
+    """Draw at every node of every tree and walk the trees (the module docstring has an example).
+
+    Every request's sampling parameters are applied to its rows (:func:`target_probs`); every node then draws one
+    token from its distribution (the argmax for greedy requests; for sampled ones the inverse CDF at the request's
+    own seeded uniform of output position ``len(output) + depth``, ``RequestState.uniforms_at``), and each tree is
+    walked from the root along the children that carry the drawn tokens (``TreeBatch.walk``): the one-uniform form
+    of lossless multi-draft verification (``sampling.py``). The logprob of an emitted token is log q(token) at the
+    node it was drawn at.
+    """
     greedy = np.array([st.req.sampling.is_greedy for st in running])
     probs = target_probs(running, tb, greedy, logits)
     walks = tb.walk(draw(running, tb, greedy, probs).cpu().numpy())

@@ -1,17 +1,8 @@
-"""Which running requests to migrate, for a dispatcher that sees only elapsed time (pure; no HTTP).
+"""Which running requests to migrate or defer, for a dispatcher that sees only elapsed time (pure; no HTTP).
 
-The router sends one /generate per request and gets nothing back until it finishes, so it estimates the tokens
-a running request has emitted as ``elapsed x tokens_per_s``, the median per-request decode rate of the step's
-requests that already finished (:func:`decode_rate`). With that estimate it applies the simulator's rule
-(pipe/simulator.py): while the step is in its tail (:func:`~sglang_histospec.pipe.planner.in_tail`), a request past
-:func:`~sglang_histospec.pipe.planner.outlier_threshold` of its prompt's history moves to an idle worker, each
-request at most once and one per idle worker. Unlike the simulator, a request alone on its worker may move too:
-a real worker can be slow or stalled, and then moving it costs one prefill.
-
-One-step overlap (:func:`pick_deferrals`): the simulator's deferral rule instead, past
-:func:`~sglang_histospec.pipe.planner.defer_threshold`, each request at most ``max_deferrals`` times; a deferred
-request keeps running and is no longer waited for by its step. :func:`backlog_s` is what such requests still
-cost their workers, for planning the next step.
+The router estimates a running request's emitted tokens as ``elapsed x`` the step's median decode rate
+(:func:`decode_rate`) and applies the simulator's rules: :func:`pick_migrations` (move to an idle worker) or, with
+one-step overlap, :func:`pick_deferrals`; :func:`backlog_s` is what deferred requests still cost their workers.
 
 Example::
 
@@ -83,6 +74,14 @@ def pick_migrations(
 
     Nothing moves outside the step's tail, without a decode rate, or for a request judged against no history
     (``estimate.count == 0``: the default length).
+
+    The router sends one /generate per request and gets nothing back until it finishes, so it estimates the tokens
+    a running request has emitted as ``elapsed x tokens_per_s``, the median per-request decode rate of the step's
+    requests that already finished (:func:`decode_rate`). With that estimate it applies the simulator's rule
+    (pipe/simulator.py): while the step is in its tail (:func:`~sglang_histospec.pipe.planner.in_tail`), a request past
+    :func:`~sglang_histospec.pipe.planner.outlier_threshold` of its prompt's history moves to an idle worker, each
+    request at most once and one per idle worker. Unlike the simulator, a request alone on its worker may move too:
+    a real worker can be slow or stalled, and then moving it costs one prefill.
     """
     _check_rate(tokens_per_s)
     if tokens_per_s is None or not idle_workers or not in_tail(unfinished, total, config):

@@ -1,22 +1,9 @@
 """HistoPipe planner: place a step's groups of requests on rollout workers from predicted lengths.
 
-A step is a list of :class:`Group` (one prompt, ``size`` samples). A policy returns a :class:`StepPlan`: for each
-worker the requests ``(group index, sample index)`` in the order the worker should start them. Policies:
-
-* ``round-robin``: group i to worker i mod W, in the given order (the usual baseline).
-* ``lpt``: whole groups, longest predicted first, each to the worker predicted to finish first.
-* ``histopipe`` (RhymeRL's two tiers, our reconstruction; the paper's HistoPipe was never released):
-  tier 2 splits long groups over k workers, k per group from its cost curve (predicted time of a piece of
-  ceil(G/k) samples, non-increasing in k), with a target time found by binary search so that predicted worker
-  completions come out even; tier 1 ranks the pieces by predicted cost and deals them longest first to the
-  worker predicted to finish first, counting each worker's backlog from the previous step when steps overlap,
-  and breaking ties in an order that alternates across adjacent steps (odd steps ascending: the longest work
-  goes to the last worker; even steps descending: to the first), so a worker that ran long work in one step
-  gets short work in the next. Outliers (:func:`is_outlier`) are moved or deferred by whoever runs the step
-  (the simulator, the router).
-
-Worker time is predicted with :meth:`CostModel.batch_time` from each request's predicted length (the mean of its
-prompt's history, or a quantile).
+A step is a list of :class:`Group` (one prompt, ``size`` samples); a policy (``round-robin``, ``lpt`` or
+``histopipe``, RhymeRL's two tiers as we reconstruct them: :class:`Planner`) returns a :class:`StepPlan`, each
+worker's requests in start order. :func:`plan` is the entry point for an RL framework's own rollout manager (README,
+"HistoPipe without the router"); measured runs: docs/benchmarks.md, "HistoPipe".
 """
 
 from __future__ import annotations
@@ -161,6 +148,24 @@ class Planner:
         lengths = LengthPredictor(); lengths.add("a", 0, [900]); lengths.add("b", 0, [100])
         plan = planner.plan(1, [Group("a", 2), Group("b", 2)], workers=2, lengths=lengths)
         plan.workers   # [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]: the long group alone on worker 0
+
+    A step is a list of :class:`Group` (one prompt, ``size`` samples). A policy returns a :class:`StepPlan`: for each
+    worker the requests ``(group index, sample index)`` in the order the worker should start them. Policies:
+
+    * ``round-robin``: group i to worker i mod W, in the given order (the usual baseline).
+    * ``lpt``: whole groups, longest predicted first, each to the worker predicted to finish first.
+    * ``histopipe`` (RhymeRL's two tiers, our reconstruction; the paper's HistoPipe was never released):
+      tier 2 splits long groups over k workers, k per group from its cost curve (predicted time of a piece of
+      ceil(G/k) samples, non-increasing in k), with a target time found by binary search so that predicted worker
+      completions come out even; tier 1 ranks the pieces by predicted cost and deals them longest first to the
+      worker predicted to finish first, counting each worker's backlog from the previous step when steps overlap,
+      and breaking ties in an order that alternates across adjacent steps (odd steps ascending: the longest work
+      goes to the last worker; even steps descending: to the first), so a worker that ran long work in one step
+      gets short work in the next. Outliers (:func:`is_outlier`) are moved or deferred by whoever runs the step
+      (the simulator, the router).
+
+    Worker time is predicted with :meth:`CostModel.batch_time` from each request's predicted length (the mean of its
+    prompt's history, or a quantile).
     """
 
     def __init__(self, cost: CostModel | None = None, config: PlannerConfig | None = None) -> None:

@@ -1,26 +1,9 @@
 """Discrete-event simulation of a rollout run on W workers under a HistoPipe policy (``histospec pipe simulate``).
 
-Every step of a workload (groups of requests with their realized response lengths) is planned by a
-:class:`Planner` from the lengths known so far, dispatched to :class:`WorkerSim` workers, and run; finished
-responses update the length predictor at once.
-
-Synchronous mode (default): step s starts when step s-1 has finished on every worker (on-policy).
-One-step overlap (``overlap=True``, opt-in): a worker starts its share of step s as soon as it has finished its
-own share of step s-1, provided step s-2 is complete on every worker; step s then runs on weights one step
-older than in synchronous mode, so its data is **one step off-policy**. Training time is not modelled.
-
-Outliers: while at most ``tail_fraction`` of a step's requests are unfinished, a request that has emitted more
-than ``outlier_factor`` x its prompt's predicted mean (and its p90) is, in synchronous mode, migrated to an idle
-worker (aborted and resubmitted with prompt + partial output, which that worker prefills again; the partial
-tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
-which lets its step complete. A request is migrated at most once and deferred at most ``max_deferrals`` times;
-with ``defer_step_factor`` a straggler past that many times the step's mean predicted length is deferred too.
-
-Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
-max(longest request alone, total work / W); overlap: max(longest request alone, total work of the run / W),
-see :meth:`CostModel.lower_bound`), ``idle_fraction`` (idle worker-time / (W x makespan); a worker is busy while
-it holds a running request), ``tail_share`` (time from the moment 90 % of a step's requests have finished to the
-step's end, summed over steps, over the summed step makespans), ``migrations`` (moved or deferred requests).
+:class:`PipeSimulator` plans every step of a workload (groups with their realized response lengths) with a
+:class:`Planner`, runs it on simulated continuous-batching workers, migrates or (with one-step overlap, one step
+off-policy) defers outliers, and reports makespan, its lower bound, idle and tail shares (modes, outlier rules and
+metrics: its class docstring; measured runs: docs/benchmarks.md, "HistoPipe"). Example: :class:`PipeSimulator`.
 """
 
 from __future__ import annotations
@@ -123,7 +106,7 @@ class PipeSimResult:
         return sum(s.makespan for s in warm) / sum(s.lower_bound for s in warm) - 1.0
 
     def to_json(self) -> dict:
-        """The ``histospec pipe simulate --json`` object: the metrics of the module docstring plus details."""
+        """The ``histospec pipe simulate --json`` object: the metrics (:class:`PipeSimulator`) plus details."""
         return {
             "policy": self.policy,
             "workers": self.workers,
@@ -154,11 +137,33 @@ class _Req:
 
 
 class PipeSimulator:
-    """Runs a workload; see the module docstring. Example::
+    """Runs a workload (modes, outlier rules and metrics below). Example::
 
     sim = PipeSimulator(PipeSimConfig(workers=2), PlannerConfig(policy="lpt"))
     result = sim.run([StepWork(0, [Group("a", 2), Group("b", 2)], [[900, 800], [100, 120]])])
     result.idle_fraction  # ~0.4: the short group's worker waits for the long one
+
+    Every step of a workload (groups of requests with their realized response lengths) is planned by a
+    :class:`Planner` from the lengths known so far, dispatched to :class:`WorkerSim` workers, and run; finished
+    responses update the length predictor at once.
+
+    Synchronous mode (default): step s starts when step s-1 has finished on every worker (on-policy).
+    One-step overlap (``overlap=True``, opt-in): a worker starts its share of step s as soon as it has finished its
+    own share of step s-1, provided step s-2 is complete on every worker; step s then runs on weights one step
+    older than in synchronous mode, so its data is **one step off-policy**. Training time is not modelled.
+
+    Outliers: while at most ``tail_fraction`` of a step's requests are unfinished, a request that has emitted more
+    than ``outlier_factor`` x its prompt's predicted mean (and its p90) is, in synchronous mode, migrated to an idle
+    worker (aborted and resubmitted with prompt + partial output, which that worker prefills again; the partial
+    tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
+    which lets its step complete. A request is migrated at most once and deferred at most ``max_deferrals`` times;
+    with ``defer_step_factor`` a straggler past that many times the step's mean predicted length is deferred too.
+
+    Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
+    max(longest request alone, total work / W); overlap: max(longest request alone, total work of the run / W),
+    see :meth:`CostModel.lower_bound`), ``idle_fraction`` (idle worker-time / (W x makespan); a worker is busy while
+    it holds a running request), ``tail_share`` (time from the moment 90 % of a step's requests have finished to the
+    step's end, summed over steps, over the summed step makespans), ``migrations`` (moved or deferred requests).
     """
 
     def __init__(

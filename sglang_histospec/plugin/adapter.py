@@ -1,15 +1,8 @@
 """The bridge between SGLang's NGRAM worker and the history drafter; pure Python, no SGLang import.
 
-SGLang's NGRAM verify path wants, for a batch of ``bs`` requests, exactly ``N`` draft nodes per request
-(``N = --speculative-num-draft-tokens``): a flat ``int64[bs * N]`` array of tokens (node 0 = the last committed
-token, then BFS order, padding = token 0 as a child of node 0) and a flat ``bool[bs * N * N]`` ancestor-or-self
-mask. ``HistorySpecCorpus`` keeps one drafter request per SGLang request, feeds it the tokens committed since the
-last step, drafts the whole batch with one call, and records finished responses as history for their prompt.
-
-Every method is called from the scheduler loop (never from a thread), so with tensor parallelism every rank sees
-the same calls in the same order and drafts identically.
-
-Example::
+``HistorySpecCorpus`` gives every request of a batch exactly ``N = --speculative-num-draft-tokens`` draft nodes in
+SGLang's tree layout and records finished responses as history (layout and call order: its class docstring;
+docs/sglang.md, "How it works"). Example::
 
     corpus = HistorySpecCorpus(AdapterConfig(num_draft_tokens=4))
     corpus.push(step=0, entries=[("p1", [[5, 6, 7, 8]], None)])
@@ -87,7 +80,17 @@ class _Live:
 
 
 class HistorySpecCorpus:
-    """Per-request drafting state over one ``HistoSpecDrafter``; see the module docstring."""
+    """Per-request drafting state over one ``HistoSpecDrafter`` (the module docstring has an example).
+
+    SGLang's NGRAM verify path wants, for a batch of ``bs`` requests, exactly ``N`` draft nodes per request
+    (``N = --speculative-num-draft-tokens``): a flat ``int64[bs * N]`` array of tokens (node 0 = the last committed
+    token, then BFS order, padding = token 0 as a child of node 0) and a flat ``bool[bs * N * N]`` ancestor-or-self
+    mask. ``HistorySpecCorpus`` keeps one drafter request per SGLang request, feeds it the tokens committed since the
+    last step, drafts the whole batch with one call, and records finished responses as history for their prompt.
+
+    Every method is called from the scheduler loop (never from a thread), so with tensor parallelism every rank sees
+    the same calls in the same order and drafts identically.
+    """
 
     def __init__(self, config: AdapterConfig, drafter: HistoSpecDrafter | None = None) -> None:
         self.config = config

@@ -1,20 +1,7 @@
 """``HistoSpecWorker``: SGLang's NGRAM worker with its global n-gram corpus replaced by the per-prompt history.
 
-Imported only inside SGLang processes (through the factory registered by :func:`sglang_histospec.plugin.register`).
-SGLang keeps driving verification, KV bookkeeping, the overlap relay and CUDA graphs exactly as for NGRAM; this
-class only changes where the N draft nodes of each request come from:
-
-* ``_prepare_draft_tokens``: one :class:`~sglang_histospec.plugin.adapter.HistorySpecCorpus` call for the batch
-  (each request keyed by :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`: ``custom_params["prompt_id"]``,
-  or a hash of its prompt tokens);
-* ``note_request_finished``: the finished response becomes history for its prompt (aborts are dropped);
-* ``clear_cache_pool`` (every ``/flush_cache`` and, by default, every weight update): per-request state is dropped,
-  the open step is closed, the history is KEPT (NGRAM would reset its corpus here);
-* ``__call__``: history pushes and stats requests that ``histospec serve --backend sglang`` sends through SGLang's
-  own RPC path (``RpcReqInput(method="draft_worker")``), handled in the scheduler loop, so every TP rank applies
-  them at the same point. Nothing here runs in a background thread.
-
-Example (what SGLang does with it)::
+Imported only inside SGLang processes (through :func:`sglang_histospec.plugin.register`); what it changes against
+NGRAM: :class:`HistoSpecWorker`; docs/sglang.md, "How it works". Example (what SGLang does with it)::
 
     worker = HistoSpecWorker(server_args, gpu_id, nccl_port, target_worker)
     worker.forward_batch_generation(batch)          # drafts from history, verifies with the target model
@@ -42,6 +29,23 @@ STATS_DIR_ENV = "HISTOSPEC_SGLANG_STATS_DIR"
 
 
 class HistoSpecWorker(NGRAMWorker):
+    """SGLang's NGRAM worker drafting from the per-prompt history.
+
+    Imported only inside SGLang processes (through the factory registered by :func:`sglang_histospec.plugin.register`).
+    SGLang keeps driving verification, KV bookkeeping, the overlap relay and CUDA graphs exactly as for NGRAM; this
+    class only changes where the N draft nodes of each request come from:
+
+    * ``_prepare_draft_tokens``: one :class:`~sglang_histospec.plugin.adapter.HistorySpecCorpus` call for the batch
+      (each request keyed by :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`:
+      ``custom_params["prompt_id"]``, or a hash of its prompt tokens);
+    * ``note_request_finished``: the finished response becomes history for its prompt (aborts are dropped);
+    * ``clear_cache_pool`` (every ``/flush_cache`` and, by default, every weight update): per-request state is dropped,
+      the open step is closed, the history is KEPT (NGRAM would reset its corpus here);
+    * ``__call__``: history pushes and stats requests that ``histospec serve --backend sglang`` sends through SGLang's
+      own RPC path (``RpcReqInput(method="draft_worker")``), handled in the scheduler loop, so every TP rank applies
+      them at the same point. Nothing here runs in a background thread.
+    """
+
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.histospec = HistorySpecCorpus(

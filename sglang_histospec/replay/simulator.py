@@ -1,10 +1,7 @@
 """Exact offline replay of a drafter on a recorded trace, and the oracle that bounds it (docs/replay.md).
 
-Steps in increasing order; within a step responses are decoded one after the other in the *sibling order*
-(``sibling_order``); after a step the drafter's ``end_step`` turns its responses into history. Each verify step
-drafts at most ``budget`` nodes, accepts the longest root path equal to the realized tokens
-(``accept_length``) and emits it plus the bonus token. Semantics: docs/replay.md section 3; the metrics
-(``tau``, ``accept_rate``, ``oracle_tau``, ``draft_us_p50/p99``, ``est_speedup``): sections 4-6.
+:func:`replay` decodes every response step by step against its recorded tokens (rules: its docstring; semantics:
+docs/replay.md section 3; the metrics ``tau``, ``accept_rate``, ``oracle_tau``, ``est_speedup``: sections 4-6).
 
 Example (``NoneDrafter`` never drafts, so every verify step emits exactly one token)::
 
@@ -348,7 +345,14 @@ def _finish(res: ReplayResult, tally: _Tally, drafter: ReplayDrafter) -> None:
 
 
 def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig) -> ReplayResult:
-    """Replay ``steps`` (sorted by step, e.g. from ``load_steps``) with ``drafter``; see the module docstring."""
+    """Replay ``steps`` (sorted by step, e.g. from ``load_steps``) with ``drafter``; docs/replay.md section 3.
+
+    Steps in increasing order; within a step responses are decoded one after the other in the *sibling order*
+    (``sibling_order``); after a step the drafter's ``end_step`` turns its responses into history. Each verify step
+    drafts at most ``budget`` nodes, accepts the longest root path equal to the realized tokens
+    (``accept_length``) and emits it plus the bonus token. Semantics: docs/replay.md section 3; the metrics
+    (``tau``, ``accept_rate``, ``oracle_tau``, ``draft_us_p50/p99``, ``est_speedup``): sections 4-6.
+    """
     if any(b.step <= a.step for a, b in zip(steps, steps[1:])):
         raise ValueError("steps must be strictly increasing (use trace.load_steps, which sorts)")
     res = ReplayResult(drafter.name, cfg.budget)

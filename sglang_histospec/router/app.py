@@ -1,22 +1,9 @@
 """HTTP routes of the HistoPipe router (``histospec route``) over a :class:`Router`: the API of a rollout server,
-complete, plus the router's own routes. Request models, validation, auth, limits and the error format are the
-server's (``server/schemas.py``, ``server/http_api.py``), not copies.
+complete, plus the router's own routes (``/histopipe/step``, ``/histopipe/drain``, ``/histopipe/stats``).
 
-* Forwarded to one backend, placed per prompt: ``POST /generate`` (batch bodies split and reassembled; ``n``
-  samples of a prompt stay together and all come back).
-* Fanned out to every healthy backend: ``POST /histospec/history``, ``POST /histospec/end_step``,
-  ``POST /update_weights_from_disk`` (remembered: a backend that comes back loads it first),
-  ``GET|POST /flush_cache``, ``POST /abort_request``.
-* Answered from a backend: ``GET /get_model_info`` (also ``/model_info``).
-* Answered by the router: ``GET /health`` (200 while a backend is healthy), ``GET /histospec/stats`` (the
-  servers' counters summed), ``GET /metrics`` (Prometheus, per backend), ``POST /histopipe/step``
-  (``{"step", "prompts": [{"prompt_id", "input_ids"}], "group_size", "sampling_params", "return_logprob"}`` ->
-  ``{"step", "results"}``, prompt i's sample j at ``i * group_size + j``), ``GET /histopipe/stats``. With
-  one-step overlap (``RouterConfig.overlap``) a step answers ``{"step", "results", "deferred", "carried"}``
-  (``results[i]`` null for a deferred request, answered in a later call's ``carried``) and ``POST
-  /histopipe/drain`` -> ``{"carried"}`` waits for every deferred request still running.
-
-A client that goes away while its /generate or step runs gets its requests aborted on the backends.
+Request models, validation, auth, limits and the error format are the server's (``server/schemas.py``,
+``server/http_api.py``), not copies. Which route goes where: :func:`create_app`; the API: README, "HistoPipe:
+balancing rollout workers".
 """
 
 from __future__ import annotations
@@ -56,6 +43,24 @@ async def _run_cancellable(request: Request, router: Router, work: Callable[[Cal
 
 
 def create_app(router: Router) -> FastAPI:
+    """The router's FastAPI app over ``router``.
+
+    * Forwarded to one backend, placed per prompt: ``POST /generate`` (batch bodies split and reassembled; ``n``
+      samples of a prompt stay together and all come back).
+    * Fanned out to every healthy backend: ``POST /histospec/history``, ``POST /histospec/end_step``,
+      ``POST /update_weights_from_disk`` (remembered: a backend that comes back loads it first),
+      ``GET|POST /flush_cache``, ``POST /abort_request``.
+    * Answered from a backend: ``GET /get_model_info`` (also ``/model_info``).
+    * Answered by the router: ``GET /health`` (200 while a backend is healthy), ``GET /histospec/stats`` (the
+      servers' counters summed), ``GET /metrics`` (Prometheus, per backend), ``POST /histopipe/step``
+      (``{"step", "prompts": [{"prompt_id", "input_ids"}], "group_size", "sampling_params", "return_logprob"}`` ->
+      ``{"step", "results"}``, prompt i's sample j at ``i * group_size + j``), ``GET /histopipe/stats``. With
+      one-step overlap (``RouterConfig.overlap``) a step answers ``{"step", "results", "deferred", "carried"}``
+      (``results[i]`` null for a deferred request, answered in a later call's ``carried``) and ``POST
+      /histopipe/drain`` -> ``{"carried"}`` waits for every deferred request still running.
+
+    A client that goes away while its /generate or step runs gets its requests aborted on the backends.
+    """
     app = FastAPI(title="histospec router", docs_url=None, redoc_url=None)
     app.add_middleware(
         ApiGuard,

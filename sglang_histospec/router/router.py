@@ -1,31 +1,9 @@
 """The HistoPipe router's logic (no HTTP server here; ``router/app.py`` puts routes on it).
 
-It holds one connection per rollout server (backend), their health, a :class:`LengthPredictor` fed by every
-response and history push, and a :class:`Planner`. A step (``run_step``) is planned across the healthy backends
-and dispatched as one batched ``/generate`` per backend, in parallel. A backend whose call fails (connection
-error, timeout or 5xx) is marked down and the requests of that call are resubmitted to the other healthy
-backends (least predicted work first): a batched call returns all its answers or none, so every request is
-answered exactly once. Plain ``/generate`` bodies are split per item and placed per prompt (the servers' prompt
-id, :func:`item_prompt_id`) on the backend with the least outstanding predicted work.
-
-Outlier migration (``migrate_outliers``, on by default, for ``run_step``): requests then go out as one /generate
-call each, at most the cost model's ``max_running`` in flight per backend (the rest are sent in plan order as
-slots free up, so none waits in a backend's queue), and while a step is in its tail the dispatcher applies the
-simulator's rule (pipe/migration.py) every ``outlier_check_s``: a request estimated far past its prompt's history
-(tokens emitted = time since it was sent x the step's decode rate) is aborted on its backend (SGLang's
-``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
-to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
-seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
-samples the continuation afresh). The answer is the two parts joined; ``meta_info.histopipe.migrated_from``
-names the first backend. Plain ``/generate`` forwarding keeps the batched calls.
-
-One-step overlap (``overlap``, opt-in; :meth:`Router.overlap_step`): the simulator's deferral rule replaces
-migration. While a step is in its tail, a request past its deferral threshold (pipe/migration.py
-``pick_deferrals``: ``outlier_factor``, ``max_deferrals``, ``defer_step_factor``) is no longer waited for: the
-step call returns once its other requests are answered, the deferred ones keep running on their backends and their
-answers come back with the next step call (``carried``), or :meth:`Router.drain`. A carried request counts for the
-step that receives it (its tail, its deferral rule) and its backend's remaining work is the ``backlog`` of that
-step's plan. Each answer says the step it was submitted in and the weight version then (``meta_info.histopipe``).
+:class:`Router` holds one connection per rollout server, their health, a length predictor and a planner; it plans
+and dispatches steps (``run_step``, ``overlap_step``), places plain ``/generate`` items per prompt, resubmits the
+requests of a failed backend and migrates or defers outliers (rules: its class docstring; the HTTP API: README,
+"HistoPipe: balancing rollout workers"). Example: :class:`Router`.
 """
 
 from __future__ import annotations
@@ -205,12 +183,39 @@ def _error_of(response: httpx.Response) -> ApiError:
 
 
 class Router:
-    """Example::
+    """One router over the rollout servers: places, dispatches, resubmits, migrates or defers. Example::
 
     router = Router(RouterConfig(backends=["http://127.0.0.1:30001", "http://127.0.0.1:30002"]))
     results = router.run_step(0, [("p0", [1, 5, 7]), ("p1", [1, 9])], group_size=4,
                               sampling_params={"max_new_tokens": 32, "temperature": 1.0})
     len(results)  # 8: prompt i, sample j at index i * 4 + j
+
+    It holds one connection per rollout server (backend), their health, a :class:`LengthPredictor` fed by every
+    response and history push, and a :class:`Planner`. A step (``run_step``) is planned across the healthy backends
+    and dispatched as one batched ``/generate`` per backend, in parallel. A backend whose call fails (connection
+    error, timeout or 5xx) is marked down and the requests of that call are resubmitted to the other healthy
+    backends (least predicted work first): a batched call returns all its answers or none, so every request is
+    answered exactly once. Plain ``/generate`` bodies are split per item and placed per prompt (the servers' prompt
+    id, :func:`item_prompt_id`) on the backend with the least outstanding predicted work.
+
+    Outlier migration (``migrate_outliers``, on by default, for ``run_step``): requests then go out as one /generate
+    call each, at most the cost model's ``max_running`` in flight per backend (the rest are sent in plan order as
+    slots free up, so none waits in a backend's queue), and while a step is in its tail the dispatcher applies the
+    simulator's rule (pipe/migration.py) every ``outlier_check_s``: a request estimated far past its prompt's history
+    (tokens emitted = time since it was sent x the step's decode rate) is aborted on its backend (SGLang's
+    ``POST /abort_request``, which the rollout server implements too) and its prompt plus the tokens it emitted go
+    to an idle backend, with the same sampling params and ``custom_params.seed_offset`` = tokens emitted, so a
+    seeded request continues with the draws it would have used (token-identical on the torch backend; SGLang
+    samples the continuation afresh). The answer is the two parts joined; ``meta_info.histopipe.migrated_from``
+    names the first backend. Plain ``/generate`` forwarding keeps the batched calls.
+
+    One-step overlap (``overlap``, opt-in; :meth:`Router.overlap_step`): the simulator's deferral rule replaces
+    migration. While a step is in its tail, a request past its deferral threshold (pipe/migration.py
+    ``pick_deferrals``: ``outlier_factor``, ``max_deferrals``, ``defer_step_factor``) is no longer waited for: the
+    step call returns once its other requests are answered, the deferred ones keep running on their backends and their
+    answers come back with the next step call (``carried``), or :meth:`Router.drain`. A carried request counts for the
+    step that receives it (its tail, its deferral rule) and its backend's remaining work is the ``backlog`` of that
+    step's plan. Each answer says the step it was submitted in and the weight version then (``meta_info.histopipe``).
     """
 
     def __init__(self, config: RouterConfig, cost: CostModel | None = None) -> None:
@@ -628,7 +633,7 @@ class Router:
     ) -> list[list[dict[str, Any]]]:
         """Run ``placement`` (backend index -> item indices); resubmit the items of failed calls elsewhere.
         Item i is answered by ``counts[i]`` outputs (its ``n`` samples). With ``estimates`` (one sample per item)
-        and ``migrate_outliers``: one call per request, outliers migrated (the module docstring)."""
+        and ``migrate_outliers``: one call per request, outliers migrated (the class docstring)."""
         counts = counts or [1] * len(items)
         if self.config.migrate_outliers and estimates is not None and all(c == 1 for c in counts):
             return [[out] for out in _Flights(self, items, predicted, estimates).run(placement)]
@@ -811,7 +816,7 @@ class _Flight:
 
 
 class _Flights:
-    """Per-request dispatch with outlier migration or, with ``defer``, deferral (see the module docstring); one
+    """Per-request dispatch with outlier migration or, with ``defer``, deferral (see :class:`Router`); one
     instance per step call. Items ``[0, own)`` are the step's own; after them come the requests that ``carry``
     (the previous step call's instance) deferred and that still run, taken over with their backend calls."""
 

@@ -1,6 +1,6 @@
 """A small synchronous client of the rollout server (either backend), used by the TRL trainer and the router.
 
-Example::
+Example (which ``step`` a push takes: :class:`HistoSpecClient`)::
 
     client = HistoSpecClient("http://127.0.0.1:30000", admin_api_key=None)
     client.wait_until_ready(timeout=60)
@@ -8,11 +8,6 @@ Example::
     outs[0]["output_ids"], outs[0]["meta_info"]["output_token_logprobs"]
     client.push_history(step=3, entries=[{"prompt_id": "p0", "responses": [[5, 9, 2]], "rewards": [1.0]}])
     client.update_weights_from_disk("/ckpt/step-4", weight_version="4")
-
-History steps: push the responses of a generation with ``step`` = the ``weight_version`` the server had while it
-generated them (TRL: the global step of the weights sync before the generation). The server also records the
-responses itself and closes the step at the next weight update; with matching step numbers the drafter keeps
-the pushed copy only (never both).
 """
 
 from __future__ import annotations
@@ -37,7 +32,13 @@ class ServerError(RuntimeError):
 
 
 class HistoSpecClient:
-    """Thin httpx wrapper; one persistent connection pool. Safe to share between threads."""
+    """Thin httpx wrapper; one persistent connection pool. Safe to share between threads.
+
+    History steps: push the responses of a generation with ``step`` = the ``weight_version`` the server had while it
+    generated them (TRL: the global step of the weights sync before the generation). The server also records the
+    responses itself and closes the step at the next weight update; with matching step numbers the drafter keeps
+    the pushed copy only (never both).
+    """
 
     def __init__(self, base_url: str, admin_api_key: str | None = None, timeout: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")

@@ -1,17 +1,7 @@
 """The one thread that drives a step-wise engine; everything else talks to it through a command queue.
 
-Loop: run the queued commands in order (new requests, history pushes, end_step, weight updates, flushes), then
-one ``engine.step()``; repeat. So a history push is applied between two engine steps, never inside one. A
-*barrier* command (weight update, flush) waits at the head of the queue until the engine holds no request, and
-the commands behind it wait too: requests sent after a weight update run entirely on the new weights, requests
-sent before it entirely on the old ones.
-
-The engine is duck-typed (``add_request``, ``step``, ``has_unfinished``, ``abort``, ``drafter``); no torch import.
-With a ``history`` (``server.history_log.DurableHistory``) every change is logged durably by the command that makes
-it; this thread compacts the log into a snapshot ``snapshot_debounce_s`` after the first change that is not in
-one, retries a failed snapshot after as long again, and writes a last one at ``stop()``.
-
-Example::
+Commands (requests, history pushes, weight updates, flushes) run between two engine steps, never inside one
+(ordering, barriers and durability: :class:`EngineLoop`). Example::
 
     loop = EngineLoop(engine, history=DurableHistory("/tmp/h"))
     loop.start()
@@ -52,7 +42,19 @@ class _Pending:
 
 
 class EngineLoop:
-    """Owns ``engine`` from ``start()`` to ``stop()``; no other thread may touch it."""
+    """Owns ``engine`` from ``start()`` to ``stop()``; no other thread may touch it.
+
+    Loop: run the queued commands in order (new requests, history pushes, end_step, weight updates, flushes), then
+    one ``engine.step()``; repeat. So a history push is applied between two engine steps, never inside one. A
+    *barrier* command (weight update, flush) waits at the head of the queue until the engine holds no request, and
+    the commands behind it wait too: requests sent after a weight update run entirely on the new weights, requests
+    sent before it entirely on the old ones.
+
+    The engine is duck-typed (``add_request``, ``step``, ``has_unfinished``, ``abort``, ``drafter``); no torch import.
+    With a ``history`` (``server.history_log.DurableHistory``) every change is logged durably by the command that makes
+    it; this thread compacts the log into a snapshot ``snapshot_debounce_s`` after the first change that is not in
+    one, retries a failed snapshot after as long again, and writes a last one at ``stop()``.
+    """
 
     def __init__(
         self, engine: Any, *, history: Any = None, snapshot_debounce_s: float = 2.0, idle_wait_s: float = 0.05

@@ -1,14 +1,7 @@
 """Durable drafter history: a write-ahead log of pushes and step ends, compacted into snapshots; no torch.
 
-Contract: a change is acknowledged only after its log record is written and fsync'd, so a kill -9 at any point
-loses nothing acknowledged. A snapshot (``drafting/snapshot.py``, atomic) records the sequence number of the last
-record it holds; the log is then emptied. Restore = snapshot, then every record with a larger sequence number
-(records already in the snapshot are skipped, so a crash between snapshot and truncation replays nothing twice).
-A torn last record (a crash mid-append: never acknowledged) is cut off at restore.
-
-Log layout: ``MAGIC`` then records ``<length u32> <crc32 u32> <seq u64> <payload: UTF-8 JSON>``.
-
-Example::
+A change is acknowledged only after its log record is fsync'd, so a kill -9 loses nothing acknowledged
+(:class:`DurableHistory`; record layout: :class:`HistoryLog`; README, "Durability and limits"). Example::
 
     store = DurableHistory("/tmp/h", DrafterConfig())     # ValueError if the directory cannot be written
     drafter = store.restore()                             # snapshot + log, or an empty drafter
@@ -54,7 +47,10 @@ def fsync_dir(path: str) -> None:
 
 
 class HistoryLog:
-    """An append-only, fsync'd, checksummed record log (see the module docstring)."""
+    """An append-only, fsync'd, checksummed record log.
+
+    Log layout: ``MAGIC`` then records ``<length u32> <crc32 u32> <seq u64> <payload: UTF-8 JSON>``.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -128,6 +124,12 @@ class DurableHistory:
 
     ``problem`` says why the history is not being saved (a failed write), else None; it clears at the next
     successful write.
+
+    Contract: a change is acknowledged only after its log record is written and fsync'd, so a kill -9 at any point
+    loses nothing acknowledged. A snapshot (``drafting/snapshot.py``, atomic) records the sequence number of the last
+    record it holds; the log is then emptied. Restore = snapshot, then every record with a larger sequence number
+    (records already in the snapshot are skipped, so a crash between snapshot and truncation replays nothing twice).
+    A torn last record (a crash mid-append: never acknowledged) is cut off at restore.
     """
 
     def __init__(self, directory: str, drafter_config: Any = None) -> None:

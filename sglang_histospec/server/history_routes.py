@@ -1,15 +1,8 @@
 """The history routes, written once for every host app: ours (``server/app.py``) and SGLang's
 (``server/sglang_backend.py``), over any ``HistoryBackend``.
 
-* ``POST /histospec/history`` ``{"step", "entries": [{"prompt_id", "responses", "rewards"?, "prompt_tokens"?}]}``
-  -> ``{"accepted": n}``;
-* ``POST /histospec/end_step`` ``{"step": int | null}`` -> ``{"success": true}``: close the drafter's open step;
-* ``GET /histospec/stats`` -> the host's counters, ``history`` (the drafter's stats) and ``backend``.
-
-Auth and errors follow ``http_api``: on our apps ``ApiGuard`` and the app's error handlers do it; on a host app
-that is not ours, ``admin_api_key`` adds the same check as a dependency and the routes answer their own errors.
-
-Example::
+``POST /histospec/history``, ``POST /histospec/end_step`` and ``GET /histospec/stats`` (bodies, auth and errors:
+:func:`history_router`; README, "HTTP server"). Example::
 
     app.include_router(history_router(backend, counters, RequestLimits()))
 """
@@ -43,7 +36,16 @@ def history_router(
     admin_api_key: str | None = None,
 ) -> APIRouter:
     """The three history routes over ``backend``. ``foreign_host``: the router goes into an app whose middleware
-    and error handlers are not ours, so it checks ``admin_api_key`` and answers its errors itself."""
+    and error handlers are not ours, so it checks ``admin_api_key`` and answers its errors itself.
+
+    * ``POST /histospec/history`` ``{"step", "entries": [{"prompt_id", "responses", "rewards"?, "prompt_tokens"?}]}``
+      -> ``{"accepted": n}``;
+    * ``POST /histospec/end_step`` ``{"step": int | null}`` -> ``{"success": true}``: close the drafter's open step;
+    * ``GET /histospec/stats`` -> the host's counters, ``history`` (the drafter's stats) and ``backend``.
+
+    Auth and errors follow ``http_api``: on our apps ``ApiGuard`` and the app's error handlers do it; on a host app
+    that is not ours, ``admin_api_key`` adds the same check as a dependency and the routes answer their own errors.
+    """
     if foreign_host:
         router = APIRouter(route_class=SharedErrorsRoute)
         admin = [Depends(admin_dependency(admin_api_key))]

@@ -1,14 +1,9 @@
 """The HTTP conventions of the rollout API, written once and shared by the server and the router; no torch.
 
-* Errors: every 4xx/5xx body is ``{"error": {"message": "<field>: <what is wrong>", "field": "<field>"}}``
-  (``field`` only where one value is to blame), built by :func:`error_body`.
-* Auth: with an admin key, the routes in ``ADMIN_ROUTES`` need ``Authorization: Bearer KEY`` (scheme
-  case-insensitive), checked by :func:`check_admin`: in our own apps by :class:`ApiGuard` before the body is read,
-  so an unauthenticated client cannot make the server parse anything; on a host app we do not own (SGLang's) by
-  :func:`admin_dependency`.
-* Size: bodies over ``max_request_bytes`` get 413 before any handler runs.
-* Routes added to a host app we do not own use :class:`SharedErrorsRoute`, which answers their errors in the
-  same format without touching the host's own handlers.
+Errors: every 4xx/5xx body is ``{"error": {"message": "<field>: <what is wrong>", "field": "<field>"}}``
+(:func:`error_body`). Auth: with an admin key, ``ADMIN_ROUTES`` need ``Authorization: Bearer KEY``
+(:func:`check_admin`; in our apps :class:`ApiGuard`, on a host app we do not own :func:`admin_dependency` and
+:class:`SharedErrorsRoute`). Size: bodies over ``max_request_bytes`` get 413. README, "Durability and limits".
 
 Example::
 
@@ -97,7 +92,11 @@ def admin_dependency(key: str | None) -> Callable[[Request], None]:
 
 
 class ApiGuard:
-    """ASGI middleware: auth of ``ADMIN_ROUTES`` (before reading the body), then the body-size limit."""
+    """ASGI middleware: auth of ``ADMIN_ROUTES`` (before reading the body), then the body-size limit.
+
+    Auth runs before the body is read, so an unauthenticated client cannot make the server parse anything; bodies
+    over ``max_request_bytes`` get 413 before any handler runs.
+    """
 
     def __init__(
         self, app: Any, admin_api_key: str | None, max_request_bytes: int, on_error: Callable[[int], None]

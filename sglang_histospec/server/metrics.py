@@ -1,11 +1,6 @@
 """Server counters (backend-agnostic, fed from finished requests) and their Prometheus text exposition.
 
-Vocabulary, defined once: a *verify step* is one target-model forward pass that a request takes part in after its
-prefill; *drafted* tokens are draft-tree nodes proposed (root excluded); *accepted* tokens are drafted tokens the
-verifier kept (bonus tokens excluded); ``tau = generated tokens / verify steps`` is the mean number of tokens a
-request gains per verify step (1.0 without drafting). Token counts of requests without drafting count too.
-
-Example::
+The vocabulary (verify step, drafted, accepted, tau) is defined once, in :class:`ServerCounters`. Example::
 
     c = ServerCounters()
     c.observe(prompt_tokens=3, completion_tokens=8, verify_steps=4, drafted=10, accepted=4, finish_type="length")
@@ -24,7 +19,13 @@ from sglang_histospec.drafting.types import tau as tokens_per_step
 
 @dataclass(slots=True)
 class ServerCounters:
-    """Monotonic counters since the server started."""
+    """Monotonic counters since the server started.
+
+    Vocabulary, defined once: a *verify step* is one target-model forward pass that a request takes part in after its
+    prefill; *drafted* tokens are draft-tree nodes proposed (root excluded); *accepted* tokens are drafted tokens the
+    verifier kept (bonus tokens excluded); ``tau = generated tokens / verify steps`` is the mean number of tokens a
+    request gains per verify step (1.0 without drafting). Token counts of requests without drafting count too.
+    """
 
     requests: int = 0
     """Finished /generate items (one per prompt of a batch), aborted ones included."""

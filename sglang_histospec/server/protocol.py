@@ -1,12 +1,8 @@
 """What the HTTP layer asks of a rollout backend (torch engine or SGLang), as plain data; no torch import.
 
-The routes validate every request into these dataclasses, then call a backend: the history routes
-(``server/history_routes.py``) a ``HistoryBackend``, which both backends are (``TorchBackend``, ``SGLangBackend``);
-the other routes of ``server/app.py`` a full ``Backend`` (the torch engine; SGLang serves those itself).
-A backend never sees raw JSON and never validates shapes; it may still fail (``BackendError``) on a state
-problem, e.g. a weight update from a path that holds no model.
-
-Example (a backend answering one greedy request)::
+The routes validate every request into these dataclasses, then call a ``HistoryBackend`` (the history routes; both
+backends are one) or a full ``Backend`` (the other routes of ``server/app.py``: the torch engine). A backend never
+sees raw JSON and never validates shapes; it may still fail (``BackendError``) on a state problem. Example::
 
     req = GenerationInput(input_ids=[1, 5, 7], max_new_tokens=4, temperature=0.0)
     [out] = await backend.generate([req])

@@ -1,15 +1,8 @@
 """``histospec serve --backend sglang``: SGLang's own HTTP server with the HISTOSPEC algorithm and history routes.
 
-The history routes (``server/history_routes.py``, the torch server's own code) are added to SGLang's FastAPI app
-over ``SGLangBackend``, a ``HistoryBackend``; ``/histospec/stats`` shows the drafter as seen by TP rank 0.
-
-A push travels through SGLang's own inter-process path: an ``RpcReqInput(method="draft_worker")`` sent on the
-tokenizer manager's channel to the schedulers, which call the HISTOSPEC worker inside their event loop on every TP
-rank at the same point, and answer through SGLang's RPC socket once all ranks passed the barrier. The route returns
-after that answer, so a push is visible to the next request. Everything else (``/generate``, weight updates,
-``/flush_cache``, metrics) is SGLang's.
-
-Example::
+The history routes (``server/history_routes.py``) are added to SGLang's FastAPI app over ``SGLangBackend``; a push
+reaches every TP rank through SGLang's own RPC path (:class:`SchedulerBridge`); everything else is SGLang's
+(docs/sglang.md). Example::
 
     python -m sglang_histospec.server.sglang_backend --model-path M --port 30000 --speculative-num-draft-tokens 8
     curl -X POST localhost:30000/histospec/history -d '{"step": 0, "entries": [{"prompt_id": "p", "responses": [[5]]}]}'
@@ -36,7 +29,14 @@ RPC_TIMEOUT_S = 120.0
 
 
 class SchedulerBridge:
-    """Sends history operations to the HISTOSPEC workers of all scheduler processes and waits for their answer."""
+    """Sends history operations to the HISTOSPEC workers of all scheduler processes and waits for their answer.
+
+    A push travels through SGLang's own inter-process path: an ``RpcReqInput(method="draft_worker")`` sent on the
+    tokenizer manager's channel to the schedulers, which call the HISTOSPEC worker inside their event loop on every TP
+    rank at the same point, and answer through SGLang's RPC socket once all ranks passed the barrier. The route returns
+    after that answer, so a push is visible to the next request. Everything else (``/generate``, weight updates,
+    ``/flush_cache``, metrics) is SGLang's.
+    """
 
     def __init__(self, stats_dir: str) -> None:
         self.stats_dir = Path(stats_dir)
@@ -87,7 +87,11 @@ class SchedulerBridge:
 
 class SGLangBackend:
     """SGLang's server as a ``HistoryBackend`` (``server/protocol.py``): history operations go to the schedulers
-    through the ``SchedulerBridge``; generation, weights and caches stay SGLang's own routes."""
+    through the ``SchedulerBridge``; generation, weights and caches stay SGLang's own routes.
+
+    ``/histospec/stats`` shows the drafter as seen by TP rank 0; ``/generate``, weight updates, ``/flush_cache`` and
+    metrics are SGLang's own.
+    """
 
     def __init__(self, bridge: SchedulerBridge) -> None:
         self.bridge = bridge

@@ -1,19 +1,7 @@
 """The embedded torch engine as a ``Backend`` of the HTTP server: one engine, driven by one ``EngineLoop`` thread.
 
-Durability (``history_dir``): a push or end_step is answered only once its record is fsync'd to the history
-log (``server/history_log.py``); snapshots compact the log. A directory that cannot be written refuses the start
-(ValueError); one lost at run time makes pushes fail with 507 naming the cause and ``/health`` answer 503 until a
-write succeeds again. Responses the server records itself are saved by the next snapshot.
-
-History and steps: every finished response is recorded by the engine as a sibling of the drafter's open step,
-under its prompt id (a request without one gets the id derived from its tokens, ``drafting/prompt_ids.py``). A
-weight update closes that step (``drafter.end_step``) so the recorded responses become history, numbered with the
-weight version they were generated under when it is an integer (TRL sends the global step as ``weight_version``);
-a trainer that pushes the same responses with that step number is deduplicated by the drafter (a pushed
-prompt+step is never counted twice). ``end_step_on_weight_update=False`` leaves steps to the trainer
-(``POST /histospec/end_step``). Weight updates and cache flushes never drop the history.
-
-Example::
+Durable history (``history_dir``) and how recorded responses become history steps: :class:`TorchBackend`; README,
+"HTTP server". Example::
 
     backend = TorchBackend(TorchBackendConfig(engine=EngineConfig(model_path="/tmp/tiny"), history_dir="/tmp/h"))
     app = create_app(backend)
@@ -58,7 +46,7 @@ class TorchBackendConfig:
     snapshot_debounce_s: float = 2.0
     """Seconds between the first change not in a snapshot and the snapshot that compacts the log."""
     end_step_on_weight_update: bool = True
-    """A weight update closes the drafter's open step (see the module docstring)."""
+    """A weight update closes the drafter's open step (see :class:`TorchBackend`)."""
 
 
 def _parse_step(version: str | None) -> int | None:
@@ -73,7 +61,21 @@ def _parse_step(version: str | None) -> int | None:
 
 class TorchBackend:
     """Implements ``sglang_histospec.server.protocol.Backend`` (hence ``HistoryBackend``) over
-    ``sglang_histospec.engine.Engine``."""
+    ``sglang_histospec.engine.Engine``.
+
+    Durability (``history_dir``): a push or end_step is answered only once its record is fsync'd to the history
+    log (``server/history_log.py``); snapshots compact the log. A directory that cannot be written refuses the start
+    (ValueError); one lost at run time makes pushes fail with 507 naming the cause and ``/health`` answer 503 until a
+    write succeeds again. Responses the server records itself are saved by the next snapshot.
+
+    History and steps: every finished response is recorded by the engine as a sibling of the drafter's open step,
+    under its prompt id (a request without one gets the id derived from its tokens, ``drafting/prompt_ids.py``). A
+    weight update closes that step (``drafter.end_step``) so the recorded responses become history, numbered with the
+    weight version they were generated under when it is an integer (TRL sends the global step as ``weight_version``);
+    a trainer that pushes the same responses with that step number is deduplicated by the drafter (a pushed
+    prompt+step is never counted twice). ``end_step_on_weight_update=False`` leaves steps to the trainer
+    (``POST /histospec/end_step``). Weight updates and cache flushes never drop the history.
+    """
 
     def __init__(self, config: TorchBackendConfig) -> None:
         from sglang_histospec.engine.engine import Engine

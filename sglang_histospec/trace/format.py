@@ -1,14 +1,8 @@
 """Rollout traces on disk: JSON Lines (optionally gzip), one object per generated response.
 
-Schema, errors and order rules: docs/replay.md section 1::
-
-    {"step": 3, "epoch": 1, "prompt_id": "gsm-0017", "sample": 5,
-     "prompt": [token ids], "response": [token ids], "reward": 1.0}
-
-A malformed line raises ``TraceError`` (a ``ValueError``) naming the file, the line and the field.
-``read_trace`` streams records; ``iter_steps`` streams steps of a sorted trace; ``load_steps`` sorts any order.
-
-Example::
+Schema, errors and order rules: docs/replay.md section 1. A malformed line raises ``TraceError`` (a ``ValueError``)
+naming the file, the line and the field; ``read_trace`` streams records, ``iter_steps`` the steps of a sorted
+trace, ``load_steps`` sorts any order. Example::
 
     >>> rec = TraceRecord(step=0, prompt_id="p0", sample=0, prompt=[1, 2], response=[3, 4, 5], reward=1.0)
     >>> write_trace("/tmp/t.jsonl", [rec])

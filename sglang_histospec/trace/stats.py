@@ -1,15 +1,8 @@
 """The paper's two observations on a trace, per pair of adjacent epochs (``histospec trace stats``).
 
-1. Token reuse: the share of a response's tokens covered by matches of at least ``m`` tokens in the previous
-   epoch's responses to the same prompt (a token is covered when some substring of length >= m around it occurs
-   there; equivalently, when one of the m-grams containing it occurs there).
-2. Length stability: rank correlation (Spearman, Kendall tau-b; ties get average ranks) of per-prompt mean
-   response length between the two epochs, and the share of prompts whose length rank (as a fraction of the
-   number of prompts) moves by more than a decile (0.1).
-
-Epochs: a record's ``epoch`` field when every record has one; otherwise the prompt's visit index (0 for the
-first step in which the prompt appears, 1 for the next, ...). Only prompts present in both epochs of a pair
-count for that pair.
+Token reuse (the share of a response's tokens covered by m-token matches in the previous epoch's responses to the
+same prompt) and length stability (rank correlations of per-prompt mean lengths): :func:`trace_stats`;
+docs/replay.md section 8.
 
 Example::
 
@@ -201,7 +194,19 @@ def assign_epochs(records: list[TraceRecord]) -> tuple[list[int], str]:
 
 
 def trace_stats(records: Iterable[TraceRecord], min_match: int = 4) -> TraceStats:
-    """Compute both observations for every pair of adjacent epochs (see the module docstring)."""
+    """Compute both observations for every pair of adjacent epochs (docs/replay.md section 8).
+
+    1. Token reuse: the share of a response's tokens covered by matches of at least ``m`` tokens in the previous
+       epoch's responses to the same prompt (a token is covered when some substring of length >= m around it occurs
+       there; equivalently, when one of the m-grams containing it occurs there).
+    2. Length stability: rank correlation (Spearman, Kendall tau-b; ties get average ranks) of per-prompt mean
+       response length between the two epochs, and the share of prompts whose length rank (as a fraction of the
+       number of prompts) moves by more than a decile (0.1).
+
+    Epochs: a record's ``epoch`` field when every record has one; otherwise the prompt's visit index (0 for the
+    first step in which the prompt appears, 1 for the next, ...). Only prompts present in both epochs of a pair
+    count for that pair.
+    """
     if min_match < 1:
         raise ValueError(f"min_match={min_match} must be >= 1")
     recs = list(records)

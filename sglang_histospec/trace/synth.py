@@ -1,16 +1,7 @@
 """Synthetic rollout traces with controllable drift between epochs and long-tailed lengths.
 
-For tests, benchmarks and the HistoPipe simulator; figures quoted as results come from traces of real runs.
-
-Model. Every prompt has a latent *base response* built from phrases (runs of ``phrase_len`` tokens) drawn from
-the prompt's own phrase pool, a pool shared by all prompts, or fresh random tokens, so responses repeat
-themselves (prompt lookup finds matches), share material across prompts (a global index helps) and resemble
-the prompt's earlier responses (history helps). Per epoch the base drifts: a share ``drift`` of its phrases is
-rewritten and its length is multiplied by ``exp(N(0, length_drift))``. Each sample of a group edits a share
-``sample_noise`` of the base's phrases and scales its length by ``exp(N(0, sample_length_sigma))``; a share
-``outlier_rate`` of the samples is further stretched by a factor in [outlier_min_scale, outlier_max_scale]
-(heavy-tailed stragglers, e.g. 3 % at 3-10x). Base lengths are log-normal (``mean_len``, ``length_sigma``; long
-right tail); every length is clipped to [min_len, max_len].
+For tests, benchmarks and the HistoPipe simulator; figures quoted as results come from traces of real runs. The
+generative model: :class:`SynthConfig`; docs/replay.md section 9.
 
 Example::
 
@@ -32,7 +23,18 @@ from sglang_histospec.trace.format import TraceRecord, TraceWriter
 
 @dataclass(slots=True)
 class SynthConfig:
-    """Shape of a synthetic trace; every field is a CLI flag of ``histospec trace synth``."""
+    """Shape of a synthetic trace; every field is a CLI flag of ``histospec trace synth``.
+
+    Model. Every prompt has a latent *base response* built from phrases (runs of ``phrase_len`` tokens) drawn from
+    the prompt's own phrase pool, a pool shared by all prompts, or fresh random tokens, so responses repeat
+    themselves (prompt lookup finds matches), share material across prompts (a global index helps) and resemble
+    the prompt's earlier responses (history helps). Per epoch the base drifts: a share ``drift`` of its phrases is
+    rewritten and its length is multiplied by ``exp(N(0, length_drift))``. Each sample of a group edits a share
+    ``sample_noise`` of the base's phrases and scales its length by ``exp(N(0, sample_length_sigma))``; a share
+    ``outlier_rate`` of the samples is further stretched by a factor in [outlier_min_scale, outlier_max_scale]
+    (heavy-tailed stragglers, e.g. 3 % at 3-10x). Base lengths are log-normal (``mean_len``, ``length_sigma``; long
+    right tail); every length is clipped to [min_len, max_len].
+    """
 
     prompts: int = 64
     """Number of distinct prompts (each visited once per epoch)."""

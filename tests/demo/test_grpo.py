@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
 
-pytest.importorskip("trl")
-
-from sglang_histospec.demo import model as demo_model  # noqa: E402
-from sglang_histospec.demo.grpo import GRPORunConfig, run_grpo, trainer_available  # noqa: E402
-from sglang_histospec.demo.task import ArithTask  # noqa: E402
-from sglang_histospec.trace.format import load_steps  # noqa: E402
-from tests.helpers.demo_tools import TINY  # noqa: E402
+from sglang_histospec.demo import model as demo_model
+from sglang_histospec.demo.grpo import GRPORunConfig, run_grpo, trainer_available
+from sglang_histospec.demo.task import ArithTask
+from sglang_histospec.trace.format import load_steps
+from tests.helpers.demo_tools import TINY
 
 pytestmark = pytest.mark.slow
 

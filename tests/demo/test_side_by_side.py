@@ -124,7 +124,6 @@ def test_side_by_side_rows_report_tokens_per_second_speedup_entropy_and_identity
 def test_demo_command_on_a_tiny_chat_model_end_to_end(chat_model: str, tmp_path: Path, trl_env: None,
                                                       monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
     """``histospec demo --model DIR --quick``: warm-up, one GRPO run, every rollout replayed without HistoSpec."""
-    pytest.importorskip("trl")
     import dataclasses
 
     import sglang_histospec.demo.chat_demo as chat_demo
@@ -154,7 +153,6 @@ def test_demo_command_on_a_tiny_chat_model_end_to_end(chat_model: str, tmp_path:
 @pytest.mark.slow
 def test_quick_demo_on_smollm2(tmp_path: Path, trl_env: None, capsys) -> None:
     """``histospec demo --quick`` on the real model (prepared and warmed up once, then cached; minutes on a CPU)."""
-    pytest.importorskip("trl")
     from sglang_histospec import cli
     from sglang_histospec.models.prepare import resolve_model
 

@@ -7,14 +7,10 @@ import pytest
 import scipy.stats as scipy_stats
 import torch
 
-from sglang_histospec.engine.sampling import (
-    VerifyOutcome,
-    process_logits,
-    sample_rows,
-    verify_tree,
-)
+from sglang_histospec.engine.sampling import process_logits, sample_rows
 from sglang_histospec.engine.treebatch import TreeBatch
 from tests.helpers.engine_tools import reference_probs
+from tests.helpers.sequential_verify import VerifyOutcome, verify_tree
 
 
 @pytest.mark.parametrize(

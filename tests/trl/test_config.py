@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
 
-pytest.importorskip("trl")
-
-from trl_integration import HistoSpecGRPOConfig  # noqa: E402
+from trl_integration import HistoSpecGRPOConfig
 
 BASE = dict(use_cpu=True, bf16=False, report_to="none", num_generations=2, per_device_train_batch_size=2)
 

@@ -11,11 +11,9 @@ import os
 
 import pytest
 import torch
+import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
-
-
-pytest.importorskip("trl")
 
 
 @pytest.fixture

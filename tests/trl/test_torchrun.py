@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
 
-pytest.importorskip("trl")
-
-from sglang_histospec.demo.server_process import RolloutServerProcess  # noqa: E402
-from sglang_histospec.server.launch import free_port  # noqa: E402
-from tests.helpers.tiny import make_tiny_model_dir  # noqa: E402
-from tests.helpers.trl_harness import ENV  # noqa: E402
+from sglang_histospec.demo.server_process import RolloutServerProcess
+from sglang_histospec.server.launch import free_port
+from tests.helpers.tiny import make_tiny_model_dir
+from tests.helpers.trl_harness import ENV
 
 SCRIPT = Path(__file__).resolve().parents[1] / "helpers" / "trl_two_rank_script.py"
 

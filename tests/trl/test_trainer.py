@@ -10,17 +10,15 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
+import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-pytest.importorskip("trl")
-
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
-from sglang_histospec.demo.server_process import RolloutServerProcess  # noqa: E402
-from sglang_histospec.drafting.prompt_ids import TOKEN_ID_PREFIX, token_prompt_id  # noqa: E402
-from tests.helpers.tiny import make_char_tokenizer, make_tiny_model_dir  # noqa: E402
-from tests.helpers.trl_harness import length_reward, tiny_dataset, tiny_grpo_kwargs  # noqa: E402
-from trl_integration import (  # noqa: E402
+from sglang_histospec.demo.server_process import RolloutServerProcess
+from sglang_histospec.drafting.prompt_ids import TOKEN_ID_PREFIX, token_prompt_id
+from tests.helpers.tiny import make_char_tokenizer, make_tiny_model_dir
+from tests.helpers.trl_harness import length_reward, tiny_dataset, tiny_grpo_kwargs
+from trl_integration import (
     HistoSpecGRPOConfig,
     HistoSpecGRPOTrainer,
     RolloutServerUnreachable,

@@ -10,12 +10,10 @@ import inspect
 import re
 from pathlib import Path
 
-import pytest
+import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
 
-pytest.importorskip("trl")
-
-from trl_integration import trl_internals  # noqa: E402
-from trl_integration.trainer import HistoSpecGRPOTrainer  # noqa: E402
+from trl_integration import trl_internals
+from trl_integration.trainer import HistoSpecGRPOTrainer
 
 PACKAGE = Path(trl_internals.__file__).parent
 

@@ -1,12 +1,7 @@
 """``HistoSpecDrafter`` behind the replay interface, with per-request budgets from ``BudgetController``.
 
-The replay drives the facade exactly as the engine integration does: ``start`` with the prompt and prompt id,
-``draft`` / ``extend`` per verify step, ``finish`` with the whole response (a sibling at once), and at the end
-of the step one ``add(prompt_id, step, responses, rewards, prompt_tokens)`` per prompt (the trainer's push,
-with rewards) followed by ``end_step(step)``; the facade never counts a pushed step twice.
-
-``rhymerl_drafter(budget)`` is RhymeRL's released policy: ``DrafterConfig.rhymerl()`` with the ``released``
-budget controller (x2 / /2 in [2, 16], further capped by the replay budget).
+It drives the facade exactly as the engine integration does (:class:`HistoSpecReplayDrafter`);
+``rhymerl_drafter(budget)`` is RhymeRL's released policy (docs/replay.md section 7).
 
 Example::
 
@@ -38,7 +33,13 @@ def budget_config(policy: str, cap: int) -> BudgetConfig | None:
 
 
 class HistoSpecReplayDrafter(BaseDrafter):
-    """Our drafter; ``sources`` and ``window`` come from its config (the oracle uses the same)."""
+    """Our drafter; ``sources`` and ``window`` come from its config (the oracle uses the same).
+
+    The replay drives the facade exactly as the engine integration does: ``start`` with the prompt and prompt id,
+    ``draft`` / ``extend`` per verify step, ``finish`` with the whole response (a sibling at once), and at the end
+    of the step one ``add(prompt_id, step, responses, rewards, prompt_tokens)`` per prompt (the trainer's push,
+    with rewards) followed by ``end_step(step)``; the facade never counts a pushed step twice.
+    """
 
     def __init__(
         self, cfg: DrafterConfig, budget_policy: str = "fixed", cap: int = 8, name: str = "histospec"

@@ -1,9 +1,6 @@
 """Prompt-lookup decoding (n-gram match in the request's own context), with vLLM's ngram proposer semantics.
 
-Documented behaviour reproduced (vLLM ``method="ngram"``, our own code): find the longest n in
-[min_n, max_n] such that the last n context tokens occur earlier in the context; take the earliest such
-occurrence and propose the (up to) k tokens that follow it, never past the end of the context. No match: no
-draft. vLLM's defaults are ``prompt_lookup_min = prompt_lookup_max = 5`` when neither is given.
+Rule and vLLM's defaults: :class:`PromptLookupDrafter`; docs/replay.md section 7.
 
 Example::
 
@@ -20,7 +17,13 @@ from sglang_histospec.replay.simulator import BaseDrafter
 
 
 class PromptLookupDrafter(BaseDrafter):
-    """Chain drafts copied from the earliest earlier occurrence of the longest matching context suffix."""
+    """Chain drafts copied from the earliest earlier occurrence of the longest matching context suffix.
+
+    Documented behaviour reproduced (vLLM ``method="ngram"``, our own code): find the longest n in
+    [min_n, max_n] such that the last n context tokens occur earlier in the context; take the earliest such
+    occurrence and propose the (up to) k tokens that follow it, never past the end of the context. No match: no
+    draft. vLLM's defaults are ``prompt_lookup_min = prompt_lookup_max = 5`` when neither is given.
+    """
 
     name = "prompt-lookup"
     sources = ("self",)

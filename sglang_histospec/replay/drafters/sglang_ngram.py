@@ -1,18 +1,11 @@
 """SGLang 0.5.23's NGRAM corpus, driven as ``NGRAMWorker`` drives it on CPU (non-overlap scheduling).
 
-Per verify step of a request: ``synchronize()`` (waits for the previous insert), ``batch_get([req_id],
-[window], [total_len])`` with ``window`` = the last ``max_trie_depth`` tokens of prompt + output, then, after
-verification, ``batch_put([window])`` with the same window; ``erase_match_state([req_id])`` when it ends.
-Prompts are never inserted whole. The corpus is global (all prompts, all steps). The result always has
-``draft_token_num = budget + 1`` nodes (node 0 = the last context token); trailing padding nodes (token 0
-under the root) are dropped from the draft, but the engine verifies them, so ``pads_to_budget`` is set and
-est_speedup charges the full width. Defaults are the server's: max trie depth 18, BFS match, breadth 1..10,
-capacity 10M nodes (about 1.8 GB; lower it with ``capacity`` for small runs).
+The corpus is global (all prompts, all steps) and live; the call sequence per verify step and the padding rule:
+:class:`SGLangNgramDrafter`; how SGLang is imported without its server stack: ``_light_import``; defaults, size
+and install: docs/replay.md section 7. Example::
 
-Import: ``import sglang`` would import the whole server stack, so the wrapper is imported with bare package
-objects for ``sglang``, ``sglang.srt`` and ``sglang.srt.utils`` and an ``is_cuda`` (False on this CPU path) for
-``sglang.srt.utils.common``; everything that then runs is SGLang's own code (the C++ is JIT-compiled on first
-use, about 30-50 s, then cached).
+    d = SGLangNgramDrafter(budget=8)   # raises PeerUnavailable without the package (make install-peers)
+    d.start("r", "p", [1, 2, 3]); d.draft("r", 8)
 """
 
 from __future__ import annotations
@@ -47,7 +40,13 @@ class NgramConfig:
 
 
 def _light_import():
-    """Import ``NgramCorpus`` without running ``sglang/__init__.py`` (see the module docstring)."""
+    """Import ``NgramCorpus`` without running ``sglang/__init__.py``.
+
+    ``import sglang`` would import the whole server stack, so the wrapper is imported with bare package
+    objects for ``sglang``, ``sglang.srt`` and ``sglang.srt.utils`` and an ``is_cuda`` (False on this CPU path) for
+    ``sglang.srt.utils.common``; everything that then runs is SGLang's own code (the C++ is JIT-compiled on first
+    use, then cached: docs/replay.md section 7).
+    """
     if "sglang.srt.speculative.cpp_ngram.ngram_corpus" in sys.modules:
         return sys.modules["sglang.srt.speculative.cpp_ngram.ngram_corpus"].NgramCorpus
     spec = importlib.util.find_spec("sglang")
@@ -87,7 +86,17 @@ def tree_from_mask(ids: np.ndarray, mask: np.ndarray) -> Draft:
 
 
 class SGLangNgramDrafter(BaseDrafter):
-    """SGLang's global n-gram trie over the recent context windows of every request."""
+    """SGLang's global n-gram trie over the recent context windows of every request.
+
+    Per verify step of a request: ``synchronize()`` (waits for the previous insert), ``batch_get([req_id],
+    [window], [total_len])`` with ``window`` = the last ``max_trie_depth`` tokens of prompt + output, then, after
+    verification, ``batch_put([window])`` with the same window; ``erase_match_state([req_id])`` when it ends.
+    Prompts are never inserted whole. The corpus is global (all prompts, all steps). The result always has
+    ``draft_token_num = budget + 1`` nodes (node 0 = the last context token); trailing padding nodes (token 0
+    under the root) are dropped from the draft, but the engine verifies them, so ``pads_to_budget`` is set and
+    est_speedup charges the full width. Defaults are the server's (``NgramConfig``; its size and ``capacity``:
+    docs/replay.md section 7).
+    """
 
     name = "sglang-ngram"
     sources = ("self", "global")

@@ -1,11 +1,6 @@
 """ArcticInference SuffixDecoding (``arctic-inference==0.3.0``) as vLLM's ``method="suffix"`` drives it.
 
-Per request: ``start_request(req_id, prompt)`` (per-request prompt tree; a slot in the global response tree),
-then per verify step ``speculate(req_id, last max_tree_depth context tokens, max_spec_tokens=budget,
-max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec)`` and ``add_active_response(req_id, emitted
-tokens)`` (which also grows the global tree, live); ``stop_request`` at the end (the response stays in the
-global tree, FIFO-evicted past ``max_cached_requests``). Defaults are vLLM's: depth 24, 10000 cached requests,
-spec factor 1.0, offset 0, min token probability 0.1, path (not tree) drafts.
+The call sequence and vLLM's defaults: :class:`SuffixDrafter`; docs/replay.md section 7.
 
 Example::
 
@@ -74,7 +69,15 @@ def to_draft(token_ids: list[int], parents: list[int], probs: list[float], match
 
 
 class SuffixDrafter(BaseDrafter):
-    """SuffixDecoding: the request's prompt + response tree and the global tree of past responses."""
+    """SuffixDecoding: the request's prompt + response tree and the global tree of past responses.
+
+    Per request: ``start_request(req_id, prompt)`` (per-request prompt tree; a slot in the global response tree),
+    then per verify step ``speculate(req_id, last max_tree_depth context tokens, max_spec_tokens=budget,
+    max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec)`` and ``add_active_response(req_id, emitted
+    tokens)`` (which also grows the global tree, live); ``stop_request`` at the end (the response stays in the
+    global tree, FIFO-evicted past ``max_cached_requests``). Defaults are vLLM's: depth 24, 10000 cached requests,
+    spec factor 1.0, offset 0, min token probability 0.1, path (not tree) drafts.
+    """
 
     name = "suffix"
     sources = ("self", "global")
