@@ -102,6 +102,16 @@ class HistoSpecGeneration:
         self.weight_sync.sync(self.accelerator, self.model_fn(), step)
         self.synced_steps.append(step)
 
+    def request_args(self, prompts: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[str | None]]:
+        """``(prompt_token_ids, prompt_ids)`` that :meth:`generate` sends for ``prompts``: the rows' history ids,
+        or the servers' rule on the tokens for a row without one (all None when the trainer set no ids)."""
+        prompt_token_ids = [list(p) for p in prompts]
+        ids = self.prompt_ids_fn()
+        pids: list[str | None] = [None] * len(prompts)
+        if ids is not None and len(ids) == len(prompts):  # rows without an id: the servers' rule on the tokens
+            pids = [pid if pid is not None else token_prompt_id(p) for pid, p in zip(ids, prompt_token_ids)]
+        return prompt_token_ids, pids
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -112,11 +122,7 @@ class HistoSpecGeneration:
         """``(prompt_ids, completion_ids, logprobs [B][T][1], None)`` for this rank's prompts (token ids)."""
         if images is not None and any(img for img in images):
             raise ValueError("images are not supported by the rollout servers; train text-only prompts")
-        prompt_token_ids = [list(p) for p in prompts]
-        ids = self.prompt_ids_fn()
-        pids: list[str | None] = [None] * len(prompts)
-        if ids is not None and len(ids) == len(prompts):  # rows without an id: the servers' rule on the tokens
-            pids = [pid if pid is not None else token_prompt_id(p) for pid, p in zip(ids, prompt_token_ids)]
+        prompt_token_ids, pids = self.request_args(prompts)
         with profiler if profiler is not None else contextlib.nullcontext():
             outs = self.servers.generate(
                 prompt_token_ids,

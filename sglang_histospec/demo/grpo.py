@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 import warnings
 from collections import defaultdict
@@ -265,14 +266,18 @@ class _Run:
         plain_generate, plain_sync = backend.generate, backend.sync_weights
         replay = RolloutServers([self.plain.url]) if self.plain is not None else None
 
-        def timed_generate(*a: Any, **kw: Any) -> Any:  # the rollout wall time TRL waits for, per step
+        def timed_generate(prompts: Any, *a: Any, **kw: Any) -> Any:  # the rollout wall time TRL waits for, per step
             step = int(trainer.state.global_step)
+            replayed = None
+            if replay is not None:  # the same requests on the plain server at the same time: both see the same load
+                ids, pids = backend.request_args(prompts)
+                replayed = _Timed(lambda: replay.generate(ids, pids, backend.sampling, return_logprob=True))
             start = time.perf_counter()
-            out = plain_generate(*a, **kw)
+            out = plain_generate(prompts, *a, **kw)
             self._count(step, time.perf_counter() - start, backend.records[-1].completions)
-            if replay is not None:
+            if replayed is not None:
                 self.phase_done(step, "rollout (plain replay)")
-                self._replay(step, replay, backend.records[-1], backend.sampling)
+                self._replayed(step, backend.records[-1], *replayed.result())
             self.phase_done(step, "training")
             return out
 
@@ -302,18 +307,40 @@ class _Run:
             row["accepted"] += c.accepted
             row["nll"] -= sum(lp for lp in c.logprobs or [] if math.isfinite(lp))
 
-    def _replay(self, step: int, servers: Any, record: Any, sampling: Any) -> None:
-        """The same request on the plain server (seeded alike: same tokens); its time, tokens and rewards."""
-        start = time.perf_counter()
-        outs = servers.generate(record.prompt_token_ids, record.prompt_ids, sampling, return_logprob=True)
+    def _replayed(self, step: int, record: Any, outs: list, seconds: float) -> None:
+        """The plain server's answers to the same requests (seeded alike: the same tokens): time, tokens, rewards."""
         row = self.per_step[step]
-        row["plain_seconds"] += time.perf_counter() - start
+        row["plain_seconds"] += seconds
         row["plain_tokens"] += sum(len(o.completion_ids) for o in outs)
         row["identical"] += sum(o.completion_ids == c.completion_ids for o, c in zip(outs, record.completions))
         prompts = self.tokenizer.batch_decode(record.prompt_token_ids, skip_special_tokens=False)
         texts = self.tokenizer.batch_decode([o.completion_ids for o in outs], skip_special_tokens=True)
         pids = [p or "" for p in record.prompt_ids]
         row["plain_reward_sum"] += sum(self.task.reward_func(prompts, texts, prompt_id=pids))
+
+
+class _Timed:
+    """``fn()`` run on a thread from now on; ``result()`` waits and gives ``(its value, its wall seconds)`` or raises
+    what it raised. Example: ``_Timed(lambda: 2 + 2).result()`` is ``(4, <seconds>)``."""
+
+    def __init__(self, fn: Any) -> None:
+        self._out: list = []
+        self._start = time.perf_counter()
+
+        def run() -> None:
+            try:
+                self._out.append((fn(), time.perf_counter() - self._start))
+            except BaseException as e:  # re-raised by result()
+                self._out.append(e)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def result(self) -> tuple[Any, float]:
+        self._thread.join()
+        if isinstance(self._out[0], BaseException):
+            raise self._out[0]
+        return self._out[0]
 
 
 def _epochs(per_step: dict[int, dict[str, float]], config: GRPORunConfig, mode: str) -> list[EpochStats]:

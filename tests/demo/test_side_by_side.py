@@ -168,3 +168,17 @@ def test_quick_demo_on_smollm2(tmp_path: Path, trl_env: None, capsys) -> None:
     for row in out["per_epoch"]:
         assert 0.0 <= row["reward_histospec"] == row["reward_plain"] <= 1.0
         assert row["tau"] >= 1.0 and row["entropy"] > 0 and row["tokens_per_s_plain"] > 0
+
+
+def test_the_plain_replay_runs_beside_the_rollout_and_reports_its_own_time_and_errors() -> None:
+    import threading
+
+    from sglang_histospec.demo.grpo import _Timed
+
+    started = threading.Event()
+    timed = _Timed(lambda: started.wait(5) and 4)  # runs while this thread goes on
+    started.set()
+    value, seconds = timed.result()
+    assert value == 4 and 0.0 <= seconds < 5.0
+    with pytest.raises(ZeroDivisionError):
+        _Timed(lambda: 1 / 0).result()
