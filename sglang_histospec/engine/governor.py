@@ -125,7 +125,7 @@ class SpecGovernor:
         b = self._buckets.setdefault(int(bsz).bit_length(), _Bucket())
         mode = int(bool(drafted))
         rate = tokens / seconds
-        if b.log_ratio is not None and mode != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:
+        if b.log_ratio is not None and bool(drafted) != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:
             r = math.log(rate / b.rate[0]) if mode else math.log(b.rate[1] / rate)  # the loser against the winner now
             b.log_ratio = 0.5 * b.log_ratio + 0.5 * r
         b.steps += 1

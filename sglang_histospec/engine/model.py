@@ -152,11 +152,12 @@ class TreeForward:
         # Only the R real tokens (write_pos >= 0) go through the projections and MLPs, packed as [1, R, H]; the
         # attention alone uses the padded [B, N] layout. Trees of a step differ in size, so padding every request
         # to the largest one would multiply the dense work.
-        b_idx, n_idx = (write_pos >= 0).nonzero(as_tuple=True)
+        real = write_pos >= 0  # [B, N] bool
+        b_idx, n_idx = real.nonzero(as_tuple=True)
         slot_idx = b_idx + slot_start
         pos_idx = write_pos[b_idx, n_idx]
         rows = len(b_idx)
-        wide = self._wide_rows(write_pos)
+        wide = self._wide_rows(real)
         hidden = self.decoder.embed_tokens(input_ids[b_idx, n_idx])[None]  # [1, R, H]
         cos, sin = self.decoder.rotary_emb(hidden, positions[b_idx, n_idx][None])
         cos, sin = cos[0, :, None], sin[0, :, None]  # [R, 1, D]
@@ -189,13 +190,13 @@ class TreeForward:
         return out
 
     @staticmethod
-    def _wide_rows(write_pos: torch.Tensor) -> torch.Tensor | None:  # [B, N] -> [M] int64 or None
+    def _wide_rows(real: torch.Tensor) -> torch.Tensor | None:  # [B, N] bool real columns -> [M] int64 or None
         """The requests with more than one query column, when attending them apart pays (see ``_attend``): at
         most a quarter of the batch, padded to at least 4 columns; else None (one padded pass is as cheap)."""
-        bsz, width = write_pos.shape
+        bsz, width = real.shape
         if width < 4 or bsz < 4:
             return None
-        wide = ((write_pos >= 0).sum(dim=1) > 1).nonzero(as_tuple=True)[0]
+        wide = (real.sum(dim=1) > 1).nonzero(as_tuple=True)[0]
         return wide if 0 < len(wide) <= bsz // 4 else None
 
     def _attend(

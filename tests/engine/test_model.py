@@ -108,7 +108,7 @@ def test_requests_without_a_tree_attend_apart_with_the_same_result(hf_model, mon
         return fwd.forward(ids, qpos, write, mask, cache, slot_start=0)
 
     split = run()
-    monkeypatch.setattr(TreeForward, "_wide_rows", staticmethod(lambda write_pos: None))
+    monkeypatch.setattr(TreeForward, "_wide_rows", staticmethod(lambda real: None))
     padded = run()
     for b in range(bsz):
         cols = n if b in wide_rows else 1
