@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,16 +268,17 @@ class _Run:
 
         def timed_generate(prompts: Any, *a: Any, **kw: Any) -> Any:  # the rollout wall time TRL waits for, per step
             step = int(trainer.state.global_step)
-            replayed = None
-            if replay is not None:  # the same requests on the plain server at the same time: both see the same load
-                ids, pids = backend.request_args(prompts)
-                replayed = _Timed(lambda: replay.generate(ids, pids, backend.sampling, return_logprob=True))
-            start = time.perf_counter()
-            out = plain_generate(prompts, *a, **kw)
-            self._count(step, time.perf_counter() - start, backend.records[-1].completions)
-            if replayed is not None:
-                self.phase_done(step, "rollout (plain replay)")
-                self._replayed(step, backend.records[-1], *replayed.result())
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                replayed = None
+                if replay is not None:  # the same requests on the plain server at the same time: the same load
+                    ids, pids = backend.request_args(prompts)
+                    replayed = pool.submit(_timed, replay.generate, ids, pids, backend.sampling, return_logprob=True)
+                start = time.perf_counter()
+                out = plain_generate(prompts, *a, **kw)
+                self._count(step, time.perf_counter() - start, backend.records[-1].completions)
+                if replayed is not None:
+                    self.phase_done(step, "rollout (plain replay)")
+                    self._count_replay(step, backend.records[-1], *replayed.result())
             self.phase_done(step, "training")
             return out
 
@@ -307,7 +308,7 @@ class _Run:
             row["accepted"] += c.accepted
             row["nll"] -= sum(lp for lp in c.logprobs or [] if math.isfinite(lp))
 
-    def _replayed(self, step: int, record: Any, outs: list, seconds: float) -> None:
+    def _count_replay(self, step: int, record: Any, outs: list, seconds: float) -> None:
         """The plain server's answers to the same requests (seeded alike: the same tokens): time, tokens, rewards."""
         row = self.per_step[step]
         row["plain_seconds"] += seconds
@@ -319,28 +320,10 @@ class _Run:
         row["plain_reward_sum"] += sum(self.task.reward_func(prompts, texts, prompt_id=pids))
 
 
-class _Timed:
-    """``fn()`` run on a thread from now on; ``result()`` waits and gives ``(its value, its wall seconds)`` or raises
-    what it raised. Example: ``_Timed(lambda: 2 + 2).result()`` is ``(4, <seconds>)``."""
-
-    def __init__(self, fn: Any) -> None:
-        self._out: list = []
-        self._start = time.perf_counter()
-
-        def run() -> None:
-            try:
-                self._out.append((fn(), time.perf_counter() - self._start))
-            except BaseException as e:  # re-raised by result()
-                self._out.append(e)
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-
-    def result(self) -> tuple[Any, float]:
-        self._thread.join()
-        if isinstance(self._out[0], BaseException):
-            raise self._out[0]
-        return self._out[0]
+def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``(fn(*args, **kwargs), its wall seconds)``. Example: ``_timed(abs, -4)[0]`` is ``4``."""
+    start = time.perf_counter()
+    return fn(*args, **kwargs), time.perf_counter() - start
 
 
 def _epochs(per_step: dict[int, dict[str, float]], config: GRPORunConfig, mode: str) -> list[EpochStats]:

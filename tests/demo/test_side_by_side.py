@@ -172,13 +172,15 @@ def test_quick_demo_on_smollm2(tmp_path: Path, trl_env: None, capsys) -> None:
 
 def test_the_plain_replay_runs_beside_the_rollout_and_reports_its_own_time_and_errors() -> None:
     import threading
+    from concurrent.futures import ThreadPoolExecutor
 
-    from sglang_histospec.demo.grpo import _Timed
+    from sglang_histospec.demo.grpo import _timed
 
     started = threading.Event()
-    timed = _Timed(lambda: started.wait(5) and 4)  # runs while this thread goes on
-    started.set()
-    value, seconds = timed.result()
-    assert value == 4 and 0.0 <= seconds < 5.0
-    with pytest.raises(ZeroDivisionError):
-        _Timed(lambda: 1 / 0).result()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        timed = pool.submit(_timed, lambda: started.wait(5) and 4)  # runs while this thread goes on
+        started.set()
+        value, seconds = timed.result()
+        assert value == 4 and 0.0 <= seconds < 5.0
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(_timed, lambda: 1 / 0).result()
