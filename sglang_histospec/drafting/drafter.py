@@ -63,6 +63,9 @@ class DrafterConfig:
     """Capacity of the global FIFO of recent responses over all prompts (only with "global" in sources)."""
     backend: str = "auto"
     """"native" (C++), "python" (the reference) or "auto" (native when the extension provides it)."""
+    scorer: str = "counts"
+    """"counts": the longest match's weighted continuation counts (docs/drafting.md sections 3-6); "anchors": every
+    match, scored by hit rates learnt online (section 11; ``tree``, ``min_prob`` and ``use_frequency`` unused)."""
 
     def __post_init__(self) -> None:
         self.sources = tuple(self.sources)
@@ -89,6 +92,8 @@ class DrafterConfig:
         bad = [s for s in self.sources if s not in SOURCES]
         if bad or len(set(self.sources)) != len(self.sources):
             raise ValueError(f"DrafterConfig.sources={self.sources!r}: expected distinct names from {SOURCES}")
+        if self.scorer not in ("counts", "anchors"):
+            raise ValueError(f"DrafterConfig.scorer={self.scorer!r}: expected 'counts' or 'anchors'")
         if self.backend not in ("auto", "native", "python"):
             raise ValueError(f"DrafterConfig.backend={self.backend!r}: expected 'auto', 'native' or 'python'")
         max_w = math.floor((1.0 + self.reward_weight) * WEIGHT_ONE + 0.5)
@@ -183,7 +188,13 @@ def visit_weights(rewards: list[float] | None, n: int, age: int, cfg: DrafterCon
 
 
 def make_index(cfg: DrafterConfig):
-    """The backend selected by ``cfg.backend`` (docs/drafting.md section 9)."""
+    """The backend selected by ``cfg.scorer`` and ``cfg.backend`` (docs/drafting.md section 9)."""
+    if cfg.scorer == "anchors":
+        from sglang_histospec.drafting.anchors import AnchorIndex
+
+        return AnchorIndex(
+            min_match=cfg.min_match, max_match=cfg.max_match, prompt_tail=cfg.prompt_tail, sources=cfg.sources
+        )
     kwargs = dict(
         min_match=cfg.min_match,
         max_match=cfg.max_match,
@@ -214,7 +225,7 @@ class HistoSpecDrafter:
         self.calibration = DraftCalibration(calibration)
         """Drafted probability -> expected acceptance, fed by whoever verifies the drafts (engine, replay, plugin)."""
         self._index = make_index(self.cfg)
-        self.backend = "python" if isinstance(self._index, ReferenceIndex) else "native"
+        self.backend = "native" if type(self._index).__name__ == "NativeIndex" else "python"
         self._lock = threading.RLock()
         self._prompts: OrderedDict[str, _Prompt] = OrderedDict()  # LRU order: last = most recently used
         self._history_tokens = 0

@@ -46,6 +46,7 @@ _HS_FIELDS = {
     "capacity_tokens": int,
     "global_capacity_tokens": int,
     "backend": str,
+    "scorer": str,
 }
 
 

@@ -1,0 +1,394 @@
+"""The anchor scorer (``DrafterConfig.scorer="anchors"``): calibrated anchors over every match, not the longest one.
+
+An *anchor* is a place in a source whose preceding tokens match the request's context, exactly (any length) or up
+to one substituted last token. Each anchor has a class (source, kind, match length, aligned agreement, age, offset,
+recency) whose per-depth hit rates are learnt online from the tokens that follow; a trie node scores the noisy-OR
+of its anchors' rates, recalibrated per (depth, score) bin; the draft is the best ``budget`` nodes. Semantics:
+docs/drafting.md section 11; same backend interface as ``ReferenceIndex``.
+
+Example::
+
+    idx = AnchorIndex(min_match=1, max_match=32, prompt_tail=1, sources=("history",))
+    idx.set_history("p", [np.array([7, 1, 2, 3], dtype=np.int32)], [WEIGHT_ONE])
+    idx.start("r", "p", [5, 7]); idx.draft_batch(["r"], [2])[0][0]   # [1, 2]
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sglang_histospec.drafting.types import SOURCES
+
+DEPTH_MAX = 32
+"""Deepest node an anchor drafts, and how many tokens after a draft its outcome is read from."""
+SCAN = 256
+"""Most recent candidate positions examined per source and kind."""
+MAX_ANCHORS = 48
+"""Anchors per draft (the best by learnt first-token rate)."""
+HAM_WINDOW = 16
+"""Aligned tokens before an anchor compared with the context (agreement beyond the exact match)."""
+SUB_MIN_MATCH = 2
+"""Shortest match before a substituted token."""
+GLOBAL_MIN_MATCH = 3
+"""Shortest exact match in the global source (one- and two-token matches there are noise)."""
+LENGTH_EDGES = (2, 3, 4, 6, 9, 13, 21)
+"""Match-length (and node-depth) classes: 1, 2, 3, 4-5, 6-8, 9-12, 13-20, 21+."""
+SCORE_EDGES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
+"""Raw node-score bins of the recalibration (a score s falls in the bin that counts the edges below it)."""
+RATE_PRIOR, RATE_PRIOR_NODES, RECAL_PRIOR_NODES = 0.6, 4, 2
+"""Prior hit rate at depth d: RATE_PRIOR ** (d + 1), weighing RATE_PRIOR_NODES observations; a recalibration bin
+starts at the raw score, weighing RECAL_PRIOR_NODES."""
+NUM_EXTRA = 12
+NUM_CLASSES = len(SOURCES) * 2 * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
+NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1)
+
+_PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR ** (d + 1), by repeated products
+
+
+def length_class(n: int) -> int:
+    """Class of a match length or node depth. Example: ``length_class(1) == 0``, ``length_class(5) == 3``."""
+    return sum(1 for e in LENGTH_EDGES if n >= e)
+
+
+def _ham_class(extra: int) -> int:
+    return 0 if extra <= 0 else 1 if extra <= 3 else 2 if extra <= 7 else 3
+
+
+def _offset_class(dist: int) -> int:
+    return 0 if dist <= 2 else 1 if dist <= 10 else 2 if dist <= 40 else 3
+
+
+def anchor_class(source: int, kind: int, length: int, ham: int, extra: int) -> int:
+    """Index in ``[0, NUM_CLASSES)``: source index, kind (0 exact, 1 substitution), length class, agreement class
+    and the source's extra feature (``docs/drafting.md`` section 11.2)."""
+    return (((source * 2 + kind) * (len(LENGTH_EDGES) + 1) + length_class(length)) * 4 + ham) * NUM_EXTRA + extra
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """Immutable sequences (oldest first) with weight classes and postings token -> [(seq, j)], oldest first,
+    where ``seqs[seq][j - 1] == token`` and ``j < len(seqs[seq])``."""
+
+    seqs: tuple[tuple[int, ...], ...]
+    wclass: tuple[int, ...]
+    postings: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, seqs, weights) -> _Corpus:
+        tseqs = tuple(tuple(int(t) for t in s) for s in seqs)
+        wmax = max((int(w) for w in weights), default=1)
+        wclass = tuple(0 if 2 * int(w) > wmax else 1 if 4 * int(w) > wmax else 2 for w in weights)
+        postings: dict[int, list[tuple[int, int]]] = {}
+        for si, s in enumerate(tseqs):
+            for j in range(1, len(s)):
+                postings.setdefault(s[j - 1], []).append((si, j))
+        return cls(tseqs, wclass, postings)
+
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.seqs)
+
+
+@dataclass
+class _Pending:
+    """A draft whose outcome is read once ``DEPTH_MAX`` more tokens are known (or the request ends)."""
+
+    pos: int  # context length when drafted
+    anchors: list[tuple[int, tuple[int, ...]]]  # (class, continuation)
+    kids: list[dict[int, int]]  # trie: node -> {token: child}; node 0 is the root
+    depth: list[int]
+    bins: list[tuple[int, int]]
+
+
+@dataclass
+class _Request:
+    prompt_id: str | None
+    context: list[int]
+    prompt_len: int
+    pending: list[_Pending] = field(default_factory=list)
+
+
+def _match(seq, j: int, ctx, n: int, limit: int) -> int:
+    """Largest l <= limit with seq[j-l:j] == ctx[n-l:n]."""
+    lim = min(limit, j, n)
+    length = 0
+    while length < lim and seq[j - 1 - length] == ctx[n - 1 - length]:
+        length += 1
+    return length
+
+
+def _agree(seq, j: int, ctx, n: int, start: int) -> int:
+    """Aligned equal tokens seq[j-1-k] == ctx[n-1-k] for k in [start, HAM_WINDOW)."""
+    stop = min(HAM_WINDOW, j, n)
+    return sum(1 for k in range(start, stop) if seq[j - 1 - k] == ctx[n - 1 - k])
+
+
+class AnchorIndex:
+    """Reference backend of the anchor scorer (pure Python); interface of ``ReferenceIndex``."""
+
+    def __init__(self, *, min_match: int, max_match: int, prompt_tail: int, sources: tuple[str, ...]) -> None:
+        self.min_match = min_match
+        self.max_match = max_match
+        self.prompt_tail = prompt_tail
+        self.sources = tuple(s for s in SOURCES if s in sources)
+        self._lock = threading.Lock()
+        self._history: dict[str, _Corpus] = {}
+        self._siblings: dict[str, list[_Corpus]] = {}
+        self._global: dict[int, _Corpus] = {}
+        self._requests: dict[str, _Request] = {}
+        self._tries = np.zeros((NUM_CLASSES, DEPTH_MAX), dtype=np.int64)
+        self._hits = np.zeros((NUM_CLASSES, DEPTH_MAX), dtype=np.int64)
+        self._bin_nodes = np.zeros(NUM_BINS, dtype=np.int64)
+        self._bin_hits = np.zeros(NUM_BINS, dtype=np.int64)
+        self._rates: dict[int, list[float]] = {}
+
+    # ---- sources (same calls as ReferenceIndex) -------------------------------------------------------------
+    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
+        corpus = _Corpus.build(list(sequences)[::-1], list(weights)[::-1])  # the facade passes newest first
+        with self._lock:
+            if corpus.seqs:
+                self._history[prompt_id] = corpus
+            else:
+                self._history.pop(prompt_id, None)
+
+    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
+        corpus = _Corpus.build([sequence], [weight])
+        with self._lock:
+            self._siblings[prompt_id] = [*self._siblings.get(prompt_id, []), corpus]
+
+    def clear_siblings(self) -> None:
+        with self._lock:
+            self._siblings = {}
+
+    def add_global(self, key: int, sequences, weights: list[int]) -> None:
+        corpus = _Corpus.build(sequences, weights)
+        with self._lock:
+            self._global[key] = corpus
+
+    def remove_global(self, key: int) -> None:
+        with self._lock:
+            self._global.pop(key, None)
+
+    # ---- requests ------------------------------------------------------------------------------------------
+    def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
+        toks = [int(t) for t in prompt_tokens]
+        with self._lock:
+            self._requests[req_id] = _Request(prompt_id, toks, len(toks))
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        req = self._requests[req_id]
+        req.context.extend(int(t) for t in tokens)
+        with self._lock:
+            self._resolve(req, final=False)
+
+    def remove_request(self, req_id: str) -> None:
+        with self._lock:
+            req = self._requests.pop(req_id, None)
+            if req is not None:
+                self._resolve(req, final=True)
+
+    def has_request(self, req_id: str) -> bool:
+        return req_id in self._requests
+
+    def draft_batch(self, req_ids: list[str], budgets: list[int]):
+        with self._lock:
+            return [self._draft(self._requests[r], b) for r, b in zip(req_ids, budgets)]
+
+    # ---- drafting (docs/drafting.md section 11) --------------------------------------------------------------
+    def _corpora(self, req: _Request) -> list[tuple[int, list[_Corpus]]]:
+        """(source index, corpora newest first) per enabled source; self is handled apart."""
+        out = []
+        pid = req.prompt_id
+        for s, name in enumerate(SOURCES):
+            if name not in self.sources or name == "self":
+                continue
+            if name == "history":
+                corpora = [self._history[pid]] if pid in self._history else []
+            elif name == "siblings":
+                corpora = self._siblings.get(pid, [])[::-1] if pid is not None else []
+            else:
+                corpora = list(self._global.values())[::-1]
+            if corpora:
+                out.append((s, corpora))
+        return out
+
+    def _anchors(self, req: _Request) -> list[tuple[int, int, int, int, tuple[int, ...], int, int]]:
+        """Every kept anchor as (class, source, kind, rank, sequence, j, length): it drafts ``sequence[j:]``."""
+        ctx, n = req.context, len(req.context)
+        own = n - req.prompt_len + min(self.prompt_tail, req.prompt_len)  # the request's offset in a stored sequence
+        found = []
+        for s, corpora in self._corpora(req):
+            for kind in (0, 1):
+                for rank, (corpus, si, j, length, agree) in enumerate(self._candidates(s, corpora, ctx, kind)):
+                    if SOURCES[s] == "global":
+                        extra = 0
+                    else:
+                        extra = _offset_class(abs(j - own)) + (4 * corpus.wclass[si] if SOURCES[s] == "history" else 0)
+                    cls = anchor_class(s, kind, length, _ham_class(agree), extra)
+                    found.append((cls, s, kind, rank, corpus.seqs[si], j, length))
+        if "self" in self.sources:
+            s = SOURCES.index("self")
+            seq = tuple(ctx)
+            for kind in (0, 1):
+                for rank, (j, length, agree) in enumerate(self._self_candidates(seq, kind)):
+                    cls = anchor_class(s, kind, length, _ham_class(agree), min(rank, 3))
+                    found.append((cls, s, kind, rank, seq, j, length))
+        return found
+
+    def _candidates(self, s: int, corpora: list[_Corpus], ctx, kind: int):
+        """(corpus, seq index, j, length, agreement) of the kept candidates of one source and kind, newest first:
+        of the ``SCAN`` newest positions after ``ctx[-1 - kind]``, those matching (section 11.1)."""
+        n = len(ctx)
+        if n < 1 + kind:
+            return []
+        key = ctx[n - 1 - kind]
+        lmin = SUB_MIN_MATCH if kind else GLOBAL_MIN_MATCH if SOURCES[s] == "global" else self.min_match
+        out, seen = [], 0
+        for corpus in corpora:
+            for si, j in reversed(corpus.postings.get(key, ())):
+                if seen == SCAN:
+                    return out
+                seen += 1
+                seq = corpus.seqs[si]
+                if kind:
+                    j += 1
+                    if j >= len(seq) or seq[j - 1] == ctx[n - 1]:
+                        continue
+                length = _match(seq, j - kind, ctx, n - kind, self.max_match)
+                if length >= lmin:
+                    out.append((corpus, si, j, length, _agree(seq, j, ctx, n, length + kind)))
+        return out
+
+    def _self_candidates(self, ctx: tuple[int, ...], kind: int) -> list[tuple[int, int, int]]:
+        """(j, length, agreement) in the request's own context, newest first (never the trivial match at its end)."""
+        n = len(ctx)
+        out, seen = [], 0
+        if n < 2 + kind:
+            return out
+        key = ctx[n - 1 - kind]
+        lmin = SUB_MIN_MATCH if kind else self.min_match
+        for jj in range(n - 1 - kind, 0, -1):  # ctx[jj - 1] == key, a next token ctx[jj + kind] exists before n
+            if ctx[jj - 1] != key:
+                continue
+            if seen == SCAN:
+                break
+            seen += 1
+            j = jj + kind
+            if kind and ctx[j - 1] == ctx[n - 1]:
+                continue
+            length = _match(ctx, j - kind, ctx, n - kind, self.max_match)
+            if length >= lmin:
+                out.append((j, length, _agree(ctx, j, ctx, n, length + kind)))
+        return out
+
+    def _rate(self, cls: int) -> list[float]:
+        """Learnt hit rate of an anchor of class ``cls`` at each depth: shrunk to the prior, non-increasing."""
+        r = self._rates.get(cls)
+        if r is None:
+            raw = (self._hits[cls] + RATE_PRIOR_NODES * _PRIOR) / (self._tries[cls] + RATE_PRIOR_NODES)
+            r = self._rates[cls] = np.minimum.accumulate(raw).tolist()
+        return r
+
+    def _draft(self, req: _Request, budget: int):
+        empty = ([], [], [], 0, "")
+        if budget <= 0:
+            return empty
+        found = self._anchors(req)
+        if not found:
+            return empty
+        keyed = sorted(((-self._rate(a[0])[0], a[1], a[2], a[3], i) for i, a in enumerate(found)))[:MAX_ANCHORS]
+        chosen = [found[k[-1]] for k in keyed]
+        reach = min(budget, DEPTH_MAX)
+        kids: list[dict[int, int]] = [{}]
+        tok, par, depth, miss = [0], [-1], [0], [1.0]
+        anchors = []
+        for cls, _, _, _, seq, j, _ in chosen:
+            cont = tuple(seq[j : j + reach])
+            anchors.append((cls, cont))
+            rate, v = self._rate(cls), 0
+            for d, t in enumerate(cont):
+                nv = kids[v].get(t)
+                if nv is None:
+                    nv = kids[v][t] = len(tok)
+                    kids.append({})
+                    tok.append(t)
+                    par.append(v)
+                    depth.append(d + 1)
+                    miss.append(1.0)
+                miss[nv] *= 1.0 - rate[d]
+                v = nv
+        score, bins = [1.0], [(0, 0)]
+        for v in range(1, len(tok)):
+            raw = 1.0 - miss[v]
+            b = (length_class(depth[v]), sum(1 for e in SCORE_EDGES if e < raw))
+            q = (self._bin_hits[b] + RECAL_PRIOR_NODES * raw) / (self._bin_nodes[b] + RECAL_PRIOR_NODES)
+            score.append(min(float(q), score[par[v]]))
+            bins.append(b)
+        req.pending.append(_Pending(len(req.context), anchors, kids, depth, bins))
+        top = sorted(range(1, len(tok)), key=lambda v: (-score[v], depth[v], v))[:budget]
+        top.sort(key=lambda v: (depth[v], v))
+        out = {v: i for i, v in enumerate(top)}
+        assert all(par[v] == 0 or par[v] in out for v in top), "a node without its parent"
+        parents = [out[par[v]] if par[v] else -1 for v in top]
+        return [tok[v] for v in top], parents, [score[v] for v in top], chosen[0][6], "anchors"
+
+    # ---- learning (section 11.4) -----------------------------------------------------------------------------
+    def _resolve(self, req: _Request, final: bool) -> None:
+        """Learn from every pending draft whose next ``DEPTH_MAX`` tokens are known (all of them when ``final``)."""
+        n, keep = len(req.context), []
+        for p in req.pending:
+            avail = min(n - p.pos, DEPTH_MAX)
+            if avail < DEPTH_MAX and not final:
+                keep.append(p)
+                continue
+            actual = req.context[p.pos : p.pos + avail]
+            for cls, cont in p.anchors:
+                m = 0
+                while m < min(len(cont), avail) and cont[m] == actual[m]:
+                    m += 1
+                self._tries[cls, :avail] += 1
+                self._hits[cls, :m] += 1
+                self._rates.pop(cls, None)
+            v, hit = 0, set()
+            for t in actual:
+                v = p.kids[v].get(t, -1)
+                if v < 0:
+                    break
+                hit.add(v)
+            for u in range(1, len(p.depth)):
+                if p.depth[u] <= avail:
+                    self._bin_nodes[p.bins[u]] += 1
+                    self._bin_hits[p.bins[u]] += u in hit
+        req.pending = keep
+
+    # ---- accounting and checks -------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """Rough size: 4 bytes per stored token plus 8 per posting, the requests' contexts and the learnt tables."""
+        with self._lock:
+            corpora = [*self._history.values(), *self._global.values()]
+            corpora += [c for group in self._siblings.values() for c in group]
+            ctx = sum(len(r.context) for r in self._requests.values())
+        tables = self._tries.nbytes + self._hits.nbytes + self._bin_nodes.nbytes + self._bin_hits.nbytes
+        return sum(12 * c.num_tokens() for c in corpora) + 4 * ctx + tables
+
+    def check_integrity(self) -> str | None:
+        """None when every posting points at its token and no learnt count exceeds its tries."""
+        with self._lock:
+            named = [(f"history[{k}]", c) for k, c in self._history.items()]
+            named += [(f"global[{k}]", c) for k, c in self._global.items()]
+            named += [(f"siblings[{k}]", c) for k, g in self._siblings.items() for c in g]
+            if (self._hits > self._tries).any() or (self._bin_hits > self._bin_nodes).any():
+                return "a learnt hit count exceeds its tries"
+            if (np.diff(self._tries, axis=1) > 0).any():
+                return "tries grow with depth"
+        for name, c in named:
+            if len(c.seqs) != len(c.wclass):
+                return f"{name}: {len(c.seqs)} sequences but {len(c.wclass)} weight classes"
+            for t, positions in c.postings.items():
+                if any(not (0 < j < len(c.seqs[si])) or c.seqs[si][j - 1] != t for si, j in positions):
+                    return f"{name}: a posting of token {t} points elsewhere"
+            if sum(len(v) for v in c.postings.values()) != sum(max(len(s) - 1, 0) for s in c.seqs):
+                return f"{name}: postings and tokens disagree"
+        return None

@@ -1,0 +1,164 @@
+"""The anchor scorer (``DrafterConfig(scorer="anchors")``, docs/drafting.md section 11): hand-computed cases,
+learning, and hypothesis invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.anchors import DEPTH_MAX, RATE_PRIOR, AnchorIndex, anchor_class, length_class
+
+P1, P2, P3 = RATE_PRIOR, RATE_PRIOR**2, RATE_PRIOR**3  # the prior hit rates at depths 1-3 before any learning
+
+
+def drafter(**kw) -> HistoSpecDrafter:
+    return HistoSpecDrafter(DrafterConfig(scorer="anchors", backend="python", **kw))
+
+
+def run_case(cfg, history, prompt, extend, budget):
+    d = drafter(**cfg)
+    if history:
+        d.add("p", 0, history, prompt_tokens=prompt)
+    d.start("r", "p", prompt)
+    if extend:
+        d.extend("r", list(extend))
+    out = d.draft("r", budget)
+    assert out.check() is None and d.check_integrity() is None
+    return out
+
+
+H1 = {"sources": ("history",), "prompt_tail": 1}
+CASES = [
+    # (name, config, history, prompt, extend, budget, (tokens, parents, probs))
+    ("exact", H1, [[5, 6, 7]], [3, 9], (), 3, ([5, 6, 7], [-1, 0, 1], [P1, P2, P3])),
+    ("budget-cuts-depth", H1, [[5, 6, 7]], [3, 9], (), 2, ([5, 6], [-1, 0], [P1, P2])),
+    # two agreeing anchors: noisy-OR 1 - (1 - r)^2 per depth
+    ("agree", H1, [[5, 6], [5, 6]], [3, 9], (), 3, ([5, 6], [-1, 0], [1 - (1 - P1) ** 2, 1 - (1 - P2) ** 2])),
+    # a branch: each child has one anchor; a visit's first response ranks first (newest first, docs section 11.1)
+    ("branch", H1, [[5, 6], [5, 7]], [3, 9], (), 3, ([5, 6, 7], [-1, 0, 0], [1 - (1 - P1) ** 2, P2, P2])),
+    # [4, 5] then a substituted token: the history's continuation after its 6
+    (
+        "substitution",
+        {"sources": ("history",), "prompt_tail": 0},
+        [[4, 5, 6, 7, 8]],
+        [4, 5, 9],
+        (),
+        3,
+        ([7, 8], [-1, 0], [P1, P2]),
+    ),  # fmt: skip
+    (
+        "self",
+        {"sources": ("self",), "prompt_tail": 0},
+        None,
+        [1, 2, 3, 1, 2],
+        (),
+        3,
+        ([3, 1, 2], [-1, 0, 1], [P1, P2, P3]),
+    ),
+    ("budget-0", H1, [[5, 6, 7]], [3, 9], (), 0, ([], [], [])),
+    ("no-match", H1, [[5, 6, 7]], [3, 9], (4,), 4, ([], [], [])),
+]
+
+
+@pytest.mark.parametrize("name,cfg,history,prompt,extend,budget,expected", CASES, ids=[c[0] for c in CASES])
+def test_cases(name, cfg, history, prompt, extend, budget, expected):
+    out = run_case(cfg, history, prompt, extend, budget)
+    assert (out.token_ids, out.parents) == (expected[0], expected[1])
+    assert out.probs == pytest.approx(expected[2], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "length,expected", [(1, 0), (2, 1), (3, 2), (4, 3), (5, 3), (6, 4), (20, 6), (21, 7), (99, 7)]
+)
+def test_length_class(length, expected):
+    assert length_class(length) == expected
+
+
+def test_global_needs_three_tokens():
+    cfg = {"sources": ("global",), "prompt_tail": 0}
+    d = drafter(**cfg)
+    d.add("other", 0, [[1, 2, 3, 4, 5]], prompt_tokens=[0])
+    d.start("two", None, [2, 3])
+    d.start("three", None, [1, 2, 3])
+    assert len(d.draft("two", 4)) == 0
+    assert d.draft("three", 4).token_ids == [4, 5]
+
+
+@pytest.mark.parametrize("right,above", [(True, True), (False, False)])
+def test_rates_are_learnt(right, above):
+    """A prompt whose history always continues right (or always wrong) is trusted more (or less) than the prior."""
+    d = drafter(sources=("history",), prompt_tail=1)
+    hist = [10, 11, 12, 13, 14, 15]
+    d.add("p", 0, [hist], prompt_tokens=[9])
+    for i in range(30):
+        d.start(f"r{i}", "p", [9])
+        d.draft(f"r{i}", 4)
+        response = hist if right else [20, 21, 22, 23, 24, 25]
+        d.extend(f"r{i}", response)  # the tokens generated after a draft teach it
+        d.finish(f"r{i}", response)
+    d.start("last", "p", [9])
+    p0 = d.draft("last", 4).probs[0]
+    assert (p0 > P1 + 0.2) if above else (p0 < P1 - 0.2)
+
+
+def test_learning_waits_for_the_outcome():
+    """A draft teaches only once DEPTH_MAX tokens after it are known (or the request ends)."""
+    idx = AnchorIndex(min_match=1, max_match=8, prompt_tail=0, sources=("self",))
+    idx.start("r", None, [1, 2, 1])
+    idx.draft_batch(["r"], [4])
+    idx.extend("r", [2] * (DEPTH_MAX - 1))
+    assert idx._tries.sum() == 0
+    idx.extend("r", [2])
+    assert idx._tries.sum() > 0 and idx.check_integrity() is None
+
+
+def test_anchor_class_is_a_bijection_on_its_fields():
+    seen = {anchor_class(s, k, length, h, e) for s in range(4) for k in range(2) for length in (1, 2, 3, 4, 6, 9, 13, 21)
+            for h in range(4) for e in range(12)}  # fmt: skip
+    assert len(seen) == 4 * 2 * 8 * 4 * 12 and min(seen) == 0
+
+
+def test_bad_scorer_names_the_choices():
+    with pytest.raises(ValueError, match="scorer='bogus'.*'counts' or 'anchors'"):
+        DrafterConfig(scorer="bogus")
+
+
+def _occurs(path, seqs) -> bool:
+    n = len(path)
+    return any(list(s[i : i + n]) == path for s in seqs for i in range(len(s) - n + 1))
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    history=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=14), min_size=0, max_size=5),
+    siblings=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=14), max_size=3),
+    prompt=st.lists(st.integers(0, 4), min_size=1, max_size=6),
+    steps=st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(0, 4), max_size=4)), max_size=8),
+    tail=st.integers(0, 2),
+)
+def test_draft_invariants(history, siblings, prompt, steps, tail):
+    """Drafts are well-formed trees within the budget, probabilities in (0, 1] never grow from parent to child,
+    and every drafted path is a run of tokens of some source or of the context."""
+    d = drafter(prompt_tail=tail, max_match=6)
+    if history:
+        d.add("p", 0, history, prompt_tokens=prompt)
+    for i, s in enumerate(siblings):
+        d.start(f"s{i}", "p", prompt)
+        d.finish(f"s{i}", s)
+    d.start("r", "p", prompt)
+    ctx = list(prompt)
+    head = prompt[len(prompt) - tail :] if tail else []
+    seqs = [head + h for h in history] + [head + s for s in siblings]
+    for budget, toks in steps:
+        out = d.draft("r", budget)
+        assert out.check() is None and len(out) <= budget
+        for i, (p, q) in enumerate(zip(out.parents, out.probs)):
+            assert 0.0 < q <= 1.0 and (p < 0 or q <= out.probs[p])
+            assert _occurs(out.path(i), seqs + [ctx])
+        d.extend("r", toks)
+        ctx += toks
+        assert d.check_integrity() is None
+    d.finish("r", ctx[len(prompt) :])
+    assert d.check_integrity() is None
