@@ -4,7 +4,7 @@ An *anchor* is a place in a source whose preceding tokens match the request's co
 to one substituted last token. Each anchor has a class (source, kind, match length, aligned agreement, age, offset,
 recency) whose per-depth hit rates are learnt online from the tokens that follow; a trie node scores the noisy-OR
 of its anchors' rates, recalibrated per (depth, score) bin; the draft is the best ``budget`` nodes. Semantics:
-docs/drafting.md section 11; same backend interface as ``ReferenceIndex``.
+docs/drafting.md section 13; same backend interface as ``ReferenceIndex``.
 
 Example::
 
@@ -63,7 +63,7 @@ def _offset_class(dist: int) -> int:
 
 def anchor_class(source: int, kind: int, length: int, ham: int, extra: int) -> int:
     """Index in ``[0, NUM_CLASSES)``: source index, kind (0 exact, 1 substitution), length class, agreement class
-    and the source's extra feature (``docs/drafting.md`` section 11.2)."""
+    and the source's extra feature (``docs/drafting.md`` section 13.2)."""
     return (((source * 2 + kind) * (len(LENGTH_EDGES) + 1) + length_class(length)) * 4 + ham) * NUM_EXTRA + extra
 
 
@@ -196,7 +196,7 @@ class AnchorIndex:
         with self._lock:
             return [self._draft(self._requests[r], b) for r, b in zip(req_ids, budgets)]
 
-    # ---- drafting (docs/drafting.md section 11) --------------------------------------------------------------
+    # ---- drafting (docs/drafting.md section 13) --------------------------------------------------------------
     def _corpora(self, req: _Request) -> list[tuple[int, list[_Corpus]]]:
         """(source index, corpora newest first) per enabled source; self is handled apart."""
         out = []
@@ -239,7 +239,7 @@ class AnchorIndex:
 
     def _candidates(self, s: int, corpora: list[_Corpus], ctx, kind: int):
         """(corpus, seq index, j, length, agreement) of the kept candidates of one source and kind, newest first:
-        of the ``SCAN`` newest positions after ``ctx[-1 - kind]``, those matching (section 11.1)."""
+        of the ``SCAN`` newest positions after ``ctx[-1 - kind]``, those matching (section 13.1)."""
         n = len(ctx)
         if n < 1 + kind:
             return []
@@ -334,7 +334,7 @@ class AnchorIndex:
         parents = [out[par[v]] if par[v] else -1 for v in top]
         return [tok[v] for v in top], parents, [score[v] for v in top], chosen[0][6], "anchors"
 
-    # ---- learning (section 11.4) -----------------------------------------------------------------------------
+    # ---- learning (section 13.4) -----------------------------------------------------------------------------
     def _resolve(self, req: _Request, final: bool) -> None:
         """Learn from every pending draft whose next ``DEPTH_MAX`` tokens are known (all of them when ``final``)."""
         n, keep = len(req.context), []

@@ -65,7 +65,7 @@ class DrafterConfig:
     """"native" (C++), "python" (the reference) or "auto" (native when the extension provides it)."""
     scorer: str = "counts"
     """"counts": the longest match's weighted continuation counts (docs/drafting.md sections 3-6); "anchors": every
-    match, scored by hit rates learnt online (section 11; ``tree``, ``min_prob`` and ``use_frequency`` unused)."""
+    match, scored by hit rates learnt online (section 13; ``tree``, ``min_prob`` and ``use_frequency`` unused)."""
 
     def __post_init__(self) -> None:
         self.sources = tuple(self.sources)

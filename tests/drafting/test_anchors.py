@@ -1,4 +1,4 @@
-"""The anchor scorer (``DrafterConfig(scorer="anchors")``, docs/drafting.md section 11): hand-computed cases,
+"""The anchor scorer (``DrafterConfig(scorer="anchors")``, docs/drafting.md section 13): hand-computed cases,
 learning, and hypothesis invariants."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ CASES = [
     ("budget-cuts-depth", H1, [[5, 6, 7]], [3, 9], (), 2, ([5, 6], [-1, 0], [P1, P2])),
     # two agreeing anchors: noisy-OR 1 - (1 - r)^2 per depth
     ("agree", H1, [[5, 6], [5, 6]], [3, 9], (), 3, ([5, 6], [-1, 0], [1 - (1 - P1) ** 2, 1 - (1 - P2) ** 2])),
-    # a branch: each child has one anchor; a visit's first response ranks first (newest first, docs section 11.1)
+    # a branch: each child has one anchor; a visit's first response ranks first (newest first, docs section 13.1)
     ("branch", H1, [[5, 6], [5, 7]], [3, 9], (), 3, ([5, 6, 7], [-1, 0, 0], [1 - (1 - P1) ** 2, P2, P2])),
     # [4, 5] then a substituted token: the history's continuation after its 6
     (
