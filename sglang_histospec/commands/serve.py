@@ -38,8 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--speculative-algorithm", choices=("HISTOSPEC", "NONE"), default="HISTOSPEC")
     parser.add_argument("--num-draft-tokens", type=int, default=16, help="max draft nodes per request and step")
-    parser.add_argument("--history-window", type=int, default=1, help="past steps kept per prompt (1 = last epoch)")
-    parser.add_argument("--draft-mode", choices=("tree", "chain"), default="tree", help="token tree or one path")
+    parser.add_argument(
+        "--history-window", type=int, default=None, help="past steps kept per prompt (default: DrafterConfig.window)"
+    )
+    parser.add_argument(
+        "--scorer", choices=("anchors", "counts"), default=None, help="drafter scorer (default: DrafterConfig.scorer)"
+    )
+    parser.add_argument(
+        "--draft-mode", choices=("tree", "chain"), default="tree", help="token tree or one path (--scorer counts)"
+    )
     parser.add_argument(
         "--budget-policy",
         choices=("paper", "released", "fixed"),
@@ -100,9 +107,24 @@ def run(args: argparse.Namespace) -> int:
     return _run_torch(args)
 
 
+def _drafter_config(args: argparse.Namespace):
+    """The torch engine's DrafterConfig from ``--history-window``, ``--scorer`` and ``--draft-mode``."""
+    from sglang_histospec.drafting import DrafterConfig
+
+    fields = {"tree": args.draft_mode == "tree"}
+    if args.history_window is not None:
+        fields["window"] = args.history_window
+    if args.scorer is not None:
+        fields["scorer"] = args.scorer
+    cfg = DrafterConfig(**fields)
+    if not cfg.tree and cfg.scorer != "counts":
+        raise ValueError("--draft-mode chain applies to the counts scorer: add --scorer counts")
+    return cfg
+
+
 def _run_torch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from sglang_histospec.drafting import BudgetConfig, DrafterConfig
+    from sglang_histospec.drafting import BudgetConfig
     from sglang_histospec.engine.types import EngineConfig
     from sglang_histospec.models import resolve_model
     from sglang_histospec.server.app import AppConfig, create_app
@@ -119,7 +141,7 @@ def _run_torch(args: argparse.Namespace) -> int:
             speculative_algorithm=args.speculative_algorithm,
             num_draft_tokens=args.num_draft_tokens,
             seed=args.seed,
-            drafter=DrafterConfig(window=args.history_window, tree=args.draft_mode == "tree"),
+            drafter=_drafter_config(args),
             budget=BudgetConfig(policy=args.budget_policy) if args.budget_policy else None,
             draft_selection=args.draft_selection,
         )

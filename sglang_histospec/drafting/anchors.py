@@ -3,7 +3,7 @@
 An *anchor* is a place in a source whose preceding tokens match the request's context, exactly (any length) or up
 to one substituted last token. Each anchor has a class (source, kind, match length, aligned agreement, age, offset,
 recency) whose per-depth hit rates are learnt online from the tokens that follow; a trie node scores the noisy-OR
-of its anchors' rates, recalibrated per (depth, score) bin; the draft is the best ``budget`` nodes. Semantics:
+of its anchors' rates, recalibrated per (depth, score, best rate) bin; the draft is the best ``budget`` nodes. Semantics:
 docs/drafting.md section 13; same backend interface as ``ReferenceIndex``.
 
 Example::
@@ -37,13 +37,14 @@ GLOBAL_MIN_MATCH = 3
 LENGTH_EDGES = (2, 3, 4, 6, 9, 13, 21)
 """Match-length (and node-depth) classes: 1, 2, 3, 4-5, 6-8, 9-12, 13-20, 21+."""
 SCORE_EDGES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
-"""Raw node-score bins of the recalibration (a score s falls in the bin that counts the edges below it)."""
+"""Bins of a node's raw score and of its best anchor's rate in the recalibration (a value falls in the bin that
+counts the edges below it)."""
 RATE_PRIOR, RATE_PRIOR_NODES, RECAL_PRIOR_NODES = 0.6, 4, 2
 """Prior hit rate at depth d: RATE_PRIOR ** (d + 1), weighing RATE_PRIOR_NODES observations; a recalibration bin
 starts at the raw score, weighing RECAL_PRIOR_NODES."""
 NUM_EXTRA = 12
 NUM_CLASSES = len(SOURCES) * 2 * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
-NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1)
+NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1)
 
 _PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR ** (d + 1), by repeated products
 
@@ -51,6 +52,10 @@ _PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR **
 def length_class(n: int) -> int:
     """Class of a match length or node depth. Example: ``length_class(1) == 0``, ``length_class(5) == 3``."""
     return sum(1 for e in LENGTH_EDGES if n >= e)
+
+
+def _score_bin(x: float) -> int:
+    return sum(1 for e in SCORE_EDGES if e < x)
 
 
 def _ham_class(extra: int) -> int:
@@ -99,7 +104,7 @@ class _Pending:
     anchors: list[tuple[int, tuple[int, ...]]]  # (class, continuation)
     kids: list[dict[int, int]]  # trie: node -> {token: child}; node 0 is the root
     depth: list[int]
-    bins: list[tuple[int, int]]
+    bins: list[tuple[int, int, int]]
 
 
 @dataclass
@@ -302,7 +307,7 @@ class AnchorIndex:
         chosen = [found[k[-1]] for k in keyed]
         reach = min(budget, DEPTH_MAX)
         kids: list[dict[int, int]] = [{}]
-        tok, par, depth, miss = [0], [-1], [0], [1.0]
+        tok, par, depth, miss, best = [0], [-1], [0], [1.0], [0.0]
         anchors = []
         for cls, _, _, _, seq, j, _ in chosen:
             cont = tuple(seq[j : j + reach])
@@ -317,12 +322,14 @@ class AnchorIndex:
                     par.append(v)
                     depth.append(d + 1)
                     miss.append(1.0)
+                    best.append(0.0)
                 miss[nv] *= 1.0 - rate[d]
+                best[nv] = max(best[nv], rate[d])
                 v = nv
-        score, bins = [1.0], [(0, 0)]
+        score, bins = [1.0], [(0, 0, 0)]
         for v in range(1, len(tok)):
             raw = 1.0 - miss[v]
-            b = (length_class(depth[v]), sum(1 for e in SCORE_EDGES if e < raw))
+            b = (length_class(depth[v]), _score_bin(raw), _score_bin(best[v]))
             q = (self._bin_hits[b] + RECAL_PRIOR_NODES * raw) / (self._bin_nodes[b] + RECAL_PRIOR_NODES)
             score.append(min(float(q), score[par[v]]))
             bins.append(b)

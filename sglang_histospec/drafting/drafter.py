@@ -33,7 +33,7 @@ _WEIGHT_SUM_LIMIT = 2**53
 class DrafterConfig:
     """Configuration of :class:`HistoSpecDrafter`; semantics in ``docs/drafting.md``."""
 
-    window: int = 1
+    window: int = 4
     """K: how many past visits (steps) of a prompt are kept; 1 = the previous epoch only (as RhymeRL)."""
     min_match: int = 1
     """Shortest context suffix that may be matched (back-off stops here)."""
@@ -63,7 +63,7 @@ class DrafterConfig:
     """Capacity of the global FIFO of recent responses over all prompts (only with "global" in sources)."""
     backend: str = "auto"
     """"native" (C++), "python" (the reference) or "auto" (native when the extension provides it)."""
-    scorer: str = "counts"
+    scorer: str = "anchors"
     """"counts": the longest match's weighted continuation counts (docs/drafting.md sections 3-6); "anchors": every
     match, scored by hit rates learnt online (section 13; ``tree``, ``min_prob`` and ``use_frequency`` unused)."""
 
@@ -119,6 +119,7 @@ class DrafterConfig:
             reward_weight=0.0,
             use_frequency=True,
             sources=("history",),
+            scorer="counts",
         )
         base.update(overrides)
         return cls(**base)

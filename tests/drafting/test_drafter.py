@@ -13,7 +13,9 @@ from sglang_histospec.drafting.snapshot import FORMAT_VERSION, MAGIC
 
 
 def drafter(**kw) -> HistoSpecDrafter:
-    return HistoSpecDrafter(DrafterConfig(**{"backend": "python", "prompt_tail": 0, **kw}))
+    return HistoSpecDrafter(
+        DrafterConfig(**{"backend": "python", "prompt_tail": 0, "scorer": "counts", "window": 1, **kw})
+    )
 
 
 def test_push_and_recorded_never_counted_twice():
@@ -54,7 +56,7 @@ def test_add_return_values_and_window():
     ],
 )
 def test_visit_weights(rewards, age, decay, rw, expected):
-    cfg = DrafterConfig(recency_decay=decay, reward_weight=rw, backend="python")
+    cfg = DrafterConfig(recency_decay=decay, reward_weight=rw, backend="python", scorer="counts")
     assert visit_weights(rewards, len(expected), age, cfg) == expected
 
 
@@ -144,7 +146,9 @@ def test_snapshot_corruption_refused(tmp_path):
 def test_snapshot_smaller_window_and_capacity(tmp_path):
     d = _populated()
     d.snapshot(tmp_path / "h.snap")
-    e = HistoSpecDrafter.load(tmp_path / "h.snap", DrafterConfig(backend="python", prompt_tail=2, window=1))
+    e = HistoSpecDrafter.load(
+        tmp_path / "h.snap", DrafterConfig(backend="python", prompt_tail=2, window=1, scorer="counts")
+    )
     assert e.prompt_sizes() == {"p": 5, "q": 5}
     assert e.check_integrity() is None
 

@@ -267,8 +267,8 @@ def _comparable_stats(d: HistoSpecDrafter) -> dict:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=facade_config, ops=st.lists(facade_op, max_size=40), seed=st.integers(0, 2**16))
 def test_facade_backends_agree(config, ops, seed):
-    python = HistoSpecDrafter(DrafterConfig(backend="python", **config))
-    native = HistoSpecDrafter(DrafterConfig(backend="native", **config))
+    python = HistoSpecDrafter(DrafterConfig(backend="python", scorer="counts", **config))
+    native = HistoSpecDrafter(DrafterConfig(backend="native", scorer="counts", **config))
     assert (python.backend, native.backend) == ("python", "native")
     rng = random.Random(seed)
     for op in ops:
@@ -323,7 +323,7 @@ def test_bad_input_raises_value_error():
     with pytest.raises(IndexError):
         idx.draft_batch(["unknown"], [4])
     # the facade turns the same mistakes into ValueErrors naming the value
-    d = HistoSpecDrafter(DrafterConfig(backend="native"))
+    d = HistoSpecDrafter(DrafterConfig(backend="native", scorer="counts"))
     with pytest.raises(ValueError, match="unknown req_id"):
         d.draft("nope", 4)
 

@@ -30,6 +30,7 @@ def count(seqs: list[list[int]], pattern: list[int]) -> int:
 )
 def test_history_draft_invariants(history, prompt, generated, budget, tree, min_prob, min_match, tail):
     cfg = DrafterConfig(
+        scorer="counts",
         backend="python",
         sources=("history",),
         tree=tree,
@@ -85,7 +86,7 @@ def test_history_draft_invariants(history, prompt, generated, budget, tree, min_
     ops=st.lists(st.tuples(st.sampled_from(["add", "start", "finish", "end"]), st.integers(0, 3), tokens), max_size=25)
 )
 def test_bookkeeping_invariants(ops):
-    d = HistoSpecDrafter(DrafterConfig(backend="python", window=2, capacity_tokens=40, prompt_tail=2))
+    d = HistoSpecDrafter(DrafterConfig(backend="python", window=2, capacity_tokens=40, prompt_tail=2, scorer="counts"))
     live: list[str] = []
     for k, (op, x, toks) in enumerate(ops):
         if op == "add":
@@ -108,7 +109,9 @@ def test_bookkeeping_invariants(ops):
     tree=st.booleans(),
 )
 def test_self_source_brute_force(context, budget, tree):
-    d = HistoSpecDrafter(DrafterConfig(backend="python", sources=("self",), tree=tree, max_match=5, min_prob=0.05))
+    d = HistoSpecDrafter(
+        DrafterConfig(backend="python", sources=("self",), tree=tree, max_match=5, min_prob=0.05, scorer="counts")
+    )
     d.start("r", None, context)
     draft = d.draft("r", budget)
     assert draft.check() is None and len(draft) <= budget

@@ -19,7 +19,7 @@ THREE = [[5, 6, 7], [5, 6, 8], [5, 6, 7]]  # after the tail [1, 2]
 
 
 def run_case(backend, cfg_kw, adds, prompt, budget, prompt_id="p", extend=()):
-    cfg = DrafterConfig(backend=backend, **cfg_kw)
+    cfg = DrafterConfig(backend=backend, scorer="counts", **cfg_kw)
     d = HistoSpecDrafter(cfg)
     for step, responses, rewards in adds:
         d.add("p", step, responses, rewards=rewards, prompt_tokens=prompt)
@@ -215,7 +215,7 @@ def test_hand_computed(backend, name, cfg, adds, prompt, extend, budget, expecte
     ],
 )
 def test_merge_union(backend, budget, expected):
-    d = HistoSpecDrafter(DrafterConfig(backend=backend, prompt_tail=0, sources=("history", "self")))
+    d = HistoSpecDrafter(DrafterConfig(backend=backend, prompt_tail=0, sources=("history", "self"), scorer="counts"))
     d.add("p", 0, [[1, 2, 9]])
     d.start("r", "p", [1, 2, 7, 1, 2])
     draft = d.draft("r", budget)
@@ -232,7 +232,9 @@ def test_merge_union_sums_shared_paths():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_siblings_global_and_no_prompt(backend):
-    d = HistoSpecDrafter(DrafterConfig(backend=backend, prompt_tail=1, sources=("history", "siblings", "global")))
+    d = HistoSpecDrafter(
+        DrafterConfig(backend=backend, prompt_tail=1, sources=("history", "siblings", "global"), scorer="counts")
+    )
     d.start("a", "p", [1])
     assert d.draft("a", 4) == Draft.empty()
     d.finish("a", [3, 4])  # a sibling of p in the open step: [1, 3, 4]
@@ -251,7 +253,7 @@ def test_siblings_global_and_no_prompt(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_draft_batch_matches_single(backend):
-    d = HistoSpecDrafter(DrafterConfig(backend=backend, prompt_tail=2))
+    d = HistoSpecDrafter(DrafterConfig(backend=backend, prompt_tail=2, scorer="counts"))
     d.add("p", 0, THREE, prompt_tokens=TAIL2)
     d.start("r1", "p", TAIL2)
     d.start("r2", "p", TAIL2)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from sglang_histospec.drafting import DrafterConfig
 from sglang_histospec.plugin import ALGORITHM_NAME, TESTED_SGLANG_VERSIONS
 from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, prompt_key
 from sglang_histospec.plugin.algorithm import (
@@ -234,7 +235,7 @@ def test_histospec_serve_maps_its_arguments_to_sglang():
 def test_drafter_config_from_env():
     from sglang_histospec.plugin.adapter import DRAFTER_CONFIG_ENV, drafter_config_from_env
 
-    assert drafter_config_from_env({}).window == 1
+    assert drafter_config_from_env({}) == DrafterConfig()
     cfg = drafter_config_from_env({DRAFTER_CONFIG_ENV: '{"window": 2, "tree": false, "sources": ["history"]}'})
     assert (cfg.window, cfg.tree, cfg.sources) == (2, False, ("history",))
     for raw, match in (

@@ -156,10 +156,11 @@ def test_epochs_match_no_speculation_and_history_raises_accept_length(histospec,
     print(f"\n[sglang harness] mean spec_accept_length epoch 1 {tau1:.2f}, epoch 2 {tau2:.2f}")
     assert tau2 > 2.0 and tau2 > tau1
     assert min(accept_lengths(second)) > 1.0
-    # Unknown prompt ids: no history, normal output.
+    # Unknown prompt ids: no history of their own, normal output; they still draft from the global source, which
+    # now holds these very texts (greedy: every epoch writes the same), so they beat the cold first epoch.
     unknown = generate(histospec, prompts[:4], [f"never-seen-{i}" for i in range(4)])
     assert [o["output_ids"] for o in unknown] == reference[:4]
-    assert mean(accept_lengths(unknown)) < tau2
+    assert mean(accept_lengths(unknown)) > tau1
 
 
 def test_prompt_hash_fallback_without_prompt_id(histospec, reference, prompts):
