@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
 namespace histospec {
@@ -23,9 +24,16 @@ int32_t ham_class(int32_t extra) { return extra <= 0 ? 0 : extra <= 3 ? 1 : extr
 
 int32_t offset_class(int64_t dist) { return dist <= 2 ? 0 : dist <= 10 ? 1 : dist <= 40 ? 2 : 3; }
 
-int32_t score_bin(double raw) {  // how many score edges lie below raw
+int32_t score_bin(double raw) {  // how many score edges lie below raw: a branchless search of 16 sorted slots
+  static constexpr std::array<double, 16> edges = [] {  // kScoreEdges padded with +inf
+    std::array<double, 16> out{};
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = i < kScoreEdges.size() ? kScoreEdges[i] : std::numeric_limits<double>::infinity();
+    return out;
+  }();
+  static_assert(kScoreEdges.size() < 16, "the search covers 16 slots");
   int32_t c = 0;
-  for (double e : kScoreEdges) c += e < raw;
+  for (int32_t step = 8; step > 0; step /= 2) c += edges[c + step - 1] < raw ? step : 0;
   return c;
 }
 
@@ -51,7 +59,8 @@ Learnt::Learnt()
       hits(static_cast<size_t>(kNumClasses) * kDepthMax, 0),
       bin_nodes(kNumBins, 0),
       bin_hits(kNumBins, 0),
-      rates(static_cast<size_t>(kNumClasses) * kDepthMax, 0.0) {
+      rates(static_cast<size_t>(kNumClasses) * kDepthMax, 0.0),
+      rate0(kNumClasses, 0.0) {
   for (int32_t c = 0; c < kNumClasses; ++c) update_rates(c);
 }
 
@@ -64,6 +73,7 @@ void Learnt::update_rates(int32_t cls) {
     const double raw = num / static_cast<double>(tries[base + d] + kRatePriorNodes);
     rates[base + d] = d == 0 ? raw : std::min(rates[base + d - 1], raw);
   }
+  rate0[cls] = rates[base];
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -157,8 +167,8 @@ std::string Corpus::check_integrity() const {
       const Span s = sequence(p.seq);
       if (p.j <= 0 || p.j >= s.size || s.data[p.j - 1] != e.token)
         return "a posting of token " + std::to_string(e.token) + " points elsewhere";
-      const Posting& q = postings_[k > e.lo ? k - 1 : k];
-      if (k > e.lo && (p.seq < q.seq || (p.seq == q.seq && p.j <= q.j)))
+      const Posting* q = k > e.lo ? &postings_[k - 1] : nullptr;
+      if (q && (p.seq < q->seq || (p.seq == q->seq && p.j <= q->j)))
         return "postings of token " + std::to_string(e.token) + " are not oldest first";
     }
     grouped += e.hi - e.lo;
@@ -188,19 +198,24 @@ int32_t agreement(const int32_t* seq, int64_t j, const int32_t* ctx, int64_t n, 
 }
 
 struct Found {  // a kept anchor: it drafts seq[j, seq_len)
-  double rate0;  // learnt first-token rate of its class (the selection key)
   int32_t cls;
-  int32_t source, kind, rank;
+  int32_t length;
   const int32_t* seq;
   int64_t seq_len, j;
-  int32_t length;
 };
 
-bool selected_before(const Found& a, const Found& b) {  // the reference's key (-rate0, source, kind, rank)
-  if (a.rate0 != b.rate0) return a.rate0 > b.rate0;
-  if (a.source != b.source) return a.source < b.source;
-  if (a.kind != b.kind) return a.kind < b.kind;
-  return a.rank < b.rank;
+struct Ranked {  // a trie node's selection key (-score, depth, id), depth and id packed (id < 2^16)
+  double score;
+  int32_t depth_id;
+};
+
+struct Key {  // the reference's selection key (-rate0, source, kind, rank)
+  double rate0;   // learnt first-token rate of the anchor's class
+  int32_t index;  // into the found anchors, which are in (source, kind, rank) order
+};
+
+bool selected_before(const Key& a, const Key& b) {
+  return a.rate0 != b.rate0 ? a.rate0 > b.rate0 : a.index < b.index;
 }
 
 // What every candidate of one draft shares.
@@ -208,14 +223,16 @@ struct Scan {
   const Config& cfg;
   const int32_t* ctx;  // [n] the request's context
   int64_t n;
-  int64_t own;         // the request's offset in a stored sequence
-  const double* rates;  // [kNumClasses * kDepthMax]
+  int64_t own;          // the request's offset in a stored sequence
+  const double* rate0;  // [kNumClasses]
   std::vector<Found>& found;
+  std::vector<Key>& keys;
 
-  void keep(int32_t s, int32_t kind, int32_t& rank, const int32_t* seq, int64_t seq_len, int64_t j, int32_t length,
-            int32_t agree, int32_t extra) {
+  void keep(int32_t s, int32_t kind, const int32_t* seq, int64_t seq_len, int64_t j, int32_t length, int32_t agree,
+            int32_t extra) {
     const int32_t cls = anchor_class(s, kind, length, ham_class(agree), extra);
-    found.push_back({rates[static_cast<size_t>(cls) * kDepthMax], cls, s, kind, rank++, seq, seq_len, j, length});
+    keys.push_back({rate0[cls], static_cast<int32_t>(found.size())});
+    found.push_back({cls, length, seq, seq_len, j});
   }
 };
 
@@ -226,7 +243,7 @@ void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, con
   if (n < 1 + kind) return;
   const int32_t key = sc.ctx[n - 1 - kind];
   const int32_t lmin = kind ? kSubMinMatch : s == kGlobal ? kGlobalMinMatch : sc.cfg.min_match;
-  int32_t seen = 0, rank = 0;
+  int32_t seen = 0;
   for (const CorpusPtr* it = last; it != first;) {
     const Corpus& corpus = **--it;
     const auto [lo, hi] = corpus.postings(key);
@@ -244,111 +261,154 @@ void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, con
       if (length < lmin) continue;
       int32_t extra = 0;
       if (s != kGlobal) extra = offset_class(std::abs(j - sc.own)) + (s == kHistory ? 4 * corpus.wclass(p->seq) : 0);
-      sc.keep(s, kind, rank, seq.data, seq.size, j, length, agreement(seq.data, j, sc.ctx, n, length + kind), extra);
+      sc.keep(s, kind, seq.data, seq.size, j, length, agreement(seq.data, j, sc.ctx, n, length + kind), extra);
     }
   }
 }
 
-// The request's own context, newest first, never the trivial match at its end (positions: ctx[p] == token).
-void scan_self(Scan& sc, int32_t kind, const std::unordered_map<int32_t, std::vector<int32_t>>& positions) {
+// The request's own context, newest first, never the trivial match at its end: the earlier occurrences of
+// ctx[n - 1 - kind], found by following prev (prev[i]: the previous position of ctx[i]'s token, -1 if none).
+void scan_self(Scan& sc, int32_t kind, const int32_t* prev) {
   const int64_t n = sc.n;
   if (n < 2 + kind) return;
-  const int32_t key = sc.ctx[n - 1 - kind];
   const int32_t lmin = kind ? kSubMinMatch : sc.cfg.min_match;
-  const auto it = positions.find(key);
-  if (it == positions.end()) return;
-  const std::vector<int32_t>& pos = it->second;
   int32_t seen = 0, rank = 0;
-  for (size_t k = pos.size(); k-- > 0;) {
-    const int64_t jj = static_cast<int64_t>(pos[k]) + 1;  // ctx[jj - 1] == key
-    if (jj > n - 1 - kind) continue;
+  for (int64_t p = prev[n - 1 - kind]; p >= 0; p = prev[p]) {  // ctx[p] == ctx[n - 1 - kind], p < n - 1 - kind
     if (seen == kScan) break;
     ++seen;
-    const int64_t j = jj + kind;
+    const int64_t j = p + 1 + kind;
     if (kind && sc.ctx[j - 1] == sc.ctx[n - 1]) continue;
     const int32_t length = match_length(sc.ctx, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
     if (length < lmin) continue;
-    const int32_t extra = std::min(rank, 3);
-    sc.keep(kSelf, kind, rank, sc.ctx, n, j, length, agreement(sc.ctx, j, sc.ctx, n, length + kind), extra);
+    sc.keep(kSelf, kind, sc.ctx, n, j, length, agreement(sc.ctx, j, sc.ctx, n, length + kind), std::min(rank++, 3));
   }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // The trie of the chosen anchors' continuations (anchors.py: _draft)
 
+// [kDepthMax + 1] length_class of a node depth.
+const std::array<int8_t, kDepthMax + 1>& depth_class() {
+  static const std::array<int8_t, kDepthMax + 1> table = [] {
+    std::array<int8_t, kDepthMax + 1> out{};
+    for (int32_t d = 0; d <= kDepthMax; ++d) out[d] = static_cast<int8_t>(length_class(d));
+    return out;
+  }();
+  return table;
+}
+
+// The trie of one draft: its nodes (token, parent, depth, bin) are built straight into the pending draft that
+// will learn from them; child links, noisy-OR misses and scores live here.
 struct Trie {
-  std::vector<int32_t> token, parent, depth, first_child, next_sibling;  // [nodes] node 0 is the root
-  std::vector<double> miss, score;                                        // [nodes]
-  std::vector<uint8_t> bin;                                               // [nodes]
+  std::vector<PendingNode>* nodes = nullptr;           // [size] node 0 is the root
+  std::array<int32_t, kMaxNodes> first_child, next_sibling;  // [size] children lists (-1 ends)
+  std::array<double, kMaxNodes> miss, score;                 // [size] score: only of the nodes ranked
 
-  int32_t size() const { return static_cast<int32_t>(token.size()); }
+  int32_t size() const { return static_cast<int32_t>(nodes->size()); }
 
-  void reset() {
-    for (auto* v : {&token, &parent, &depth, &first_child, &next_sibling}) v->assign(1, -1);
-    depth[0] = 0;
-    miss.assign(1, 1.0);
+  void reset(std::vector<PendingNode>& into) {
+    nodes = &into;
+    into.assign(1, PendingNode{0, 0, 0, 0});
+    first_child[0] = -1;
   }
 
   int32_t child(int32_t v, int32_t t) {  // the child of v for token t, created when missing
+    std::vector<PendingNode>& nd = *nodes;
     for (int32_t c = first_child[v]; c >= 0; c = next_sibling[c])
-      if (token[c] == t) return c;
+      if (nd[c].token == t) return c;
     const int32_t c = size();
-    token.push_back(t);
-    parent.push_back(v);
-    depth.push_back(depth[v] + 1);
-    first_child.push_back(-1);
-    next_sibling.push_back(first_child[v]);
+    nd.push_back({t, static_cast<uint16_t>(v), static_cast<uint8_t>(nd[v].depth + 1), 0});
+    first_child[c] = -1;
+    next_sibling[c] = first_child[v];
     first_child[v] = c;
-    miss.push_back(1.0);
+    miss[c] = 1.0;
     return c;
   }
 
-  // Recalibrated, monotone node scores: q = (bin_hits + 2 raw) / (bin_nodes + 2), at most the parent's.
-  void score_nodes(const Learnt& learnt) {
-    score.assign(size(), 1.0);
-    bin.assign(size(), 0);
+  // Every node's recalibration bin: (length class of its depth, score edges below its raw noisy-OR score).
+  void assign_bins() {
+    const auto& dclass = depth_class();
     for (int32_t v = 1; v < size(); ++v) {
-      const double raw = 1.0 - miss[v];
-      const int32_t b = length_class(depth[v]) * kNumScoreBins + score_bin(raw);
-      const double q = (static_cast<double>(learnt.bin_hits[b]) + static_cast<double>(kRecalPriorNodes) * raw) /
-                       static_cast<double>(learnt.bin_nodes[b] + kRecalPriorNodes);
-      score[v] = std::min(q, score[parent[v]]);
-      bin[v] = static_cast<uint8_t>(b);
+      PendingNode& nd = (*nodes)[v];
+      nd.bin = static_cast<uint8_t>(dclass[nd.depth] * kNumScoreBins + score_bin(1.0 - miss[v]));
     }
+  }
+
+  // Recalibrated score q = (bin_hits + 2 raw) / (bin_nodes + 2), at most the parent's score.
+  double score_of(int32_t v, const Learnt& learnt) const {
+    const double raw = 1.0 - miss[v];
+    const int32_t b = (*nodes)[v].bin;
+    const double q = (static_cast<double>(learnt.bin_hits[b]) + static_cast<double>(kRecalPriorNodes) * raw) /
+                     static_cast<double>(learnt.bin_nodes[b] + kRecalPriorNodes);
+    return std::min(q, score[(*nodes)[v].parent]);
   }
 };
 
-// Nodes [1, nodes) by (-score, depth, id): the first `budget`, then in output order (depth, id).
-void select_top(const Trie& trie, int32_t budget, std::vector<int32_t>& top) {
-  top.resize(trie.size() - 1);
-  for (int32_t v = 1; v < trie.size(); ++v) top[v - 1] = v;
-  auto better = [&](int32_t a, int32_t b) {
-    if (trie.score[a] != trie.score[b]) return trie.score[a] > trie.score[b];
-    if (trie.depth[a] != trie.depth[b]) return trie.depth[a] < trie.depth[b];
-    return a < b;
+}  // namespace
+
+// Buffers of one draft, reused from draft to draft (AnchorDrafter keeps a pool: no allocation once warm).
+struct Scratch {
+  std::vector<Found> found;
+  std::vector<Key> keys;
+  Trie trie;
+  std::vector<Ranked> heap;
+  std::vector<int32_t> top, order;
+  std::array<int32_t, kDepthMax + 2> depth_start;
+};
+
+AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg) {}
+AnchorDrafter::~AnchorDrafter() = default;
+
+namespace {
+
+// The first `budget` nodes by (-score, depth, id), in output order (depth, id). A child's key is always above its
+// parent's (its score is at most the parent's, its depth larger), so best-first from the root pops exactly those
+// nodes in key order; only the children of popped nodes are ever scored.
+void select_top(const Learnt& learnt, Scratch& s, int32_t budget) {
+  Trie& t = s.trie;
+  auto worse = [](const Ranked& a, const Ranked& b) {
+    return a.score != b.score ? a.score < b.score : a.depth_id > b.depth_id;
   };
-  if (budget < static_cast<int32_t>(top.size())) {
-    std::nth_element(top.begin(), top.begin() + budget, top.end(), better);
-    top.resize(budget);
+  auto push_children = [&](int32_t v) {
+    for (int32_t c = t.first_child[v]; c >= 0; c = t.next_sibling[c]) {
+      t.score[c] = t.score_of(c, learnt);
+      s.heap.push_back({t.score[c], (*t.nodes)[c].depth << 16 | c});
+      std::push_heap(s.heap.begin(), s.heap.end(), worse);
+    }
+  };
+  s.heap.clear();
+  s.top.clear();
+  t.score[0] = 1.0;
+  push_children(0);
+  while (static_cast<int32_t>(s.top.size()) < budget && !s.heap.empty()) {
+    std::pop_heap(s.heap.begin(), s.heap.end(), worse);
+    s.top.push_back(s.heap.back().depth_id & 0xffff);
+    s.heap.pop_back();
+    if (static_cast<int32_t>(s.top.size()) < budget) push_children(s.top.back());
   }
-  std::sort(top.begin(), top.end(), [&](int32_t a, int32_t b) {
-    return trie.depth[a] != trie.depth[b] ? trie.depth[a] < trie.depth[b] : a < b;
-  });
+  // Counting sort by depth; ids ascending within a depth (the selection is sorted by id first).
+  std::sort(s.top.begin(), s.top.end());
+  s.depth_start.fill(0);
+  for (int32_t v : s.top) ++s.depth_start[(*t.nodes)[v].depth + 1];
+  for (int32_t d = 1; d <= kDepthMax + 1; ++d) s.depth_start[d] += s.depth_start[d - 1];
+  s.order.resize(s.top.size());
+  for (int32_t v : s.top) s.order[s.depth_start[(*t.nodes)[v].depth]++] = v;
 }
 
-void fill_output(const Trie& trie, const std::vector<int32_t>& top, int32_t match_len, DraftOut& out) {
-  static thread_local std::vector<int32_t> out_index;
-  out_index.assign(trie.size(), -1);
-  const size_t k = top.size();
+void fill_output(Scratch& s, int32_t match_len, DraftOut& out) {
+  const Trie& t = s.trie;
+  const size_t k = s.order.size();
+  s.top.assign(t.size(), -1);  // reused as node -> output index
   out.tokens.resize(k);
   out.parents.resize(k);
   out.probs.resize(k);
   for (size_t i = 0; i < k; ++i) {
-    const int32_t v = top[i];
-    out_index[v] = static_cast<int32_t>(i);
-    out.tokens[i] = trie.token[v];
-    out.parents[i] = trie.parent[v] == 0 ? -1 : out_index[trie.parent[v]];  // parents come first (smaller depth)
-    out.probs[i] = trie.score[v];
+    const int32_t v = s.order[i];
+    const PendingNode& nd = (*t.nodes)[v];
+    s.top[v] = static_cast<int32_t>(i);
+    out.tokens[i] = nd.token;
+    out.parents[i] = nd.parent == 0 ? -1 : s.top[nd.parent];  // parents come first (smaller depth)
+    out.probs[i] = t.score[v];
   }
   out.match_len = match_len;
   out.source = kAnchorSource;
@@ -417,8 +477,8 @@ void AnchorDrafter::publish_global() {
   global_list_ = std::move(list);
 }
 
-AnchorDrafter::Sources AnchorDrafter::sources_of(const Request& req) const {
-  Sources src;
+DraftSources AnchorDrafter::sources_of(const Request& req) const {
+  DraftSources src;
   std::shared_lock lock(sources_mu_);
   if (req.has_prompt && (cfg_.sources[kHistory] || cfg_.sources[kSiblings])) {
     auto it = prompts_.find(req.prompt_id);
@@ -434,14 +494,61 @@ AnchorDrafter::Sources AnchorDrafter::sources_of(const Request& req) const {
 // ---------------------------------------------------------------------------------------------------------------
 // Requests
 
+namespace {
+
+std::string check_pending(const Pending& p, int64_t ctx_len) {
+  if (p.pos < 0 || p.pos > ctx_len) return "a pending draft lies beyond the context";
+  if (p.nodes.empty() || p.anchors.empty()) return "a pending draft without nodes or anchors";
+  for (size_t u = 1; u < p.nodes.size(); ++u) {
+    const PendingNode& nd = p.nodes[u];
+    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > kDepthMax || nd.bin >= kNumBins ||
+        nd.bin / kNumScoreBins != length_class(nd.depth))
+      return "a pending trie node is inconsistent";
+  }
+  for (const PendingAnchor& a : p.anchors)
+    if (a.cls < 0 || a.cls >= kNumClasses || a.leaf == 0 || a.leaf >= p.nodes.size())
+      return "a pending anchor is out of range";
+  return "";
+}
+
+}  // namespace
+
+void Request::append(Span tokens) {
+  for (int64_t i = 0; i < tokens.size; ++i) {
+    const int32_t t = tokens.data[i];
+    if (track_self) {
+      const auto [it, fresh] = last.try_emplace(t, static_cast<int32_t>(ctx.size()));
+      prev.push_back(fresh ? -1 : it->second);
+      it->second = static_cast<int32_t>(ctx.size());
+    }
+    ctx.push_back(t);
+  }
+}
+
+std::string Request::check_integrity() const {
+  for (const Pending& p : pending) {
+    const std::string h = check_pending(p, static_cast<int64_t>(ctx.size()));
+    if (!h.empty()) return h;
+    if (static_cast<int64_t>(ctx.size()) - p.pos >= kDepthMax) return "a due draft is pending";
+  }
+  if (!track_self) return prev.empty() && last.empty() ? "" : "occurrences kept without the self source";
+  if (prev.size() != ctx.size()) return "previous occurrences and context disagree";
+  std::unordered_map<int32_t, int32_t> seen;  // token -> its last position so far
+  for (size_t i = 0; i < ctx.size(); ++i) {
+    const auto [it, fresh] = seen.try_emplace(ctx[i], static_cast<int32_t>(i));
+    if (prev[i] != (fresh ? -1 : it->second)) return "the previous occurrence at " + std::to_string(i) + " is wrong";
+    it->second = static_cast<int32_t>(i);
+  }
+  return seen == last ? "" : "last occurrences are wrong";
+}
+
 void AnchorDrafter::start(const std::string& req_id, const std::string* prompt_id, Span prompt_tokens) {
   auto req = std::make_shared<Request>();
   req->has_prompt = prompt_id != nullptr;
   if (prompt_id) req->prompt_id = *prompt_id;
-  req->ctx.assign(prompt_tokens.data, prompt_tokens.data + prompt_tokens.size);
+  req->track_self = cfg_.sources[kSelf];
+  req->append(prompt_tokens);
   req->prompt_len = prompt_tokens.size;
-  if (cfg_.sources[kSelf])
-    for (int32_t i = 0; i < static_cast<int32_t>(req->ctx.size()); ++i) req->positions[req->ctx[i]].push_back(i);
   std::unique_lock lock(requests_mu_);
   requests_[req_id] = std::move(req);  // a restarted id drops its pending drafts unlearnt, as the reference does
 }
@@ -461,10 +568,7 @@ bool AnchorDrafter::has_request(const std::string& req_id) const {
 void AnchorDrafter::extend(const std::string& req_id, Span tokens) {
   auto req = find_request(req_id);
   std::lock_guard lock(req->mu);
-  for (int64_t i = 0; i < tokens.size; ++i) {
-    if (cfg_.sources[kSelf]) req->positions[tokens.data[i]].push_back(static_cast<int32_t>(req->ctx.size()));
-    req->ctx.push_back(tokens.data[i]);
-  }
+  req->append(tokens);
   resolve(*req, false);
 }
 
@@ -484,114 +588,132 @@ void AnchorDrafter::remove_request(const std::string& req_id) {
 // ---------------------------------------------------------------------------------------------------------------
 // Learning (anchors.py: _resolve): every pending draft whose next kDepthMax tokens are known (all when final).
 
+namespace {
+
+constexpr size_t kMaxSpare = 2 * kDepthMax;  // resolved drafts kept per request for their buffers
+
+// One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax).
+void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
+  std::array<uint8_t, kMaxNodes> hit;  // [nodes] on the path of the realised tokens (the root included)
+  hit[0] = 1;
+  for (size_t u = 1; u < p.nodes.size(); ++u) {  // parents come before their children
+    const PendingNode& nd = p.nodes[u];
+    hit[u] = nd.depth <= avail && hit[nd.parent] && nd.token == actual[nd.depth - 1];
+  }
+  std::array<int32_t, kMaxAnchors> touched;  // [anchors] their classes
+  for (size_t a = 0; a < p.anchors.size(); ++a) {
+    const PendingAnchor& anchor = p.anchors[a];
+    int32_t u = anchor.leaf;
+    while (!hit[u]) u = p.nodes[u].parent;  // the deepest realised node of the anchor's path: its matched length
+    int64_t* tries = L.tries.data() + static_cast<size_t>(anchor.cls) * kDepthMax;  // [kDepthMax]
+    int64_t* hits = L.hits.data() + static_cast<size_t>(anchor.cls) * kDepthMax;
+    for (int64_t d = 0; d < avail; ++d) ++tries[d];
+    for (int32_t d = 0; d < p.nodes[u].depth; ++d) ++hits[d];
+    touched[a] = anchor.cls;
+  }
+  for (size_t u = 1; u < p.nodes.size(); ++u) {
+    if (p.nodes[u].depth > avail) continue;
+    ++L.bin_nodes[p.nodes[u].bin];
+    L.bin_hits[p.nodes[u].bin] += hit[u];
+  }
+  auto* end = touched.begin() + p.anchors.size();
+  std::sort(touched.begin(), end);
+  for (auto* it = touched.begin(); it != end; it = std::upper_bound(it, end, *it)) L.update_rates(*it);
+}
+
+}  // namespace
+
 void AnchorDrafter::resolve(Request& req, bool final) {
   const int64_t n = static_cast<int64_t>(req.ctx.size());
   auto due = [&](const Pending& p) { return final || n - p.pos >= kDepthMax; };
   if (std::none_of(req.pending.begin(), req.pending.end(), due)) return;
-  static thread_local std::vector<uint8_t> hit;  // [nodes] on the path of the realised tokens (root included)
-  static thread_local std::vector<int32_t> touched;
-  touched.clear();
-  std::unique_lock lock(stats_mu_);
-  Learnt& L = learnt_;
   size_t kept = 0;
-  for (size_t i = 0; i < req.pending.size(); ++i) {
-    Pending& p = req.pending[i];
-    if (!due(p)) {
-      if (kept != i) std::swap(req.pending[kept], p);
-      ++kept;
-      continue;
-    }
-    const int64_t avail = std::min<int64_t>(n - p.pos, kDepthMax);
-    const int32_t* actual = req.ctx.data() + p.pos;  // [avail]
-    hit.assign(p.nodes.size(), 1);
-    for (size_t u = 1; u < p.nodes.size(); ++u) {  // parents come before their children
-      const PendingNode& nd = p.nodes[u];
-      hit[u] = nd.depth <= avail && hit[nd.parent] && nd.token == actual[nd.depth - 1];
-    }
-    for (const PendingAnchor& a : p.anchors) {
-      int32_t u = a.leaf;
-      while (!hit[u]) u = p.nodes[u].parent;  // the deepest realised node of the anchor's path
-      const int32_t m = p.nodes[u].depth;
-      int64_t* tries = L.tries.data() + static_cast<size_t>(a.cls) * kDepthMax;
-      int64_t* hits = L.hits.data() + static_cast<size_t>(a.cls) * kDepthMax;
-      for (int64_t d = 0; d < avail; ++d) ++tries[d];
-      for (int32_t d = 0; d < m; ++d) ++hits[d];
-      touched.push_back(a.cls);
-    }
-    for (size_t u = 1; u < p.nodes.size(); ++u) {
-      if (p.nodes[u].depth > avail) continue;
-      ++L.bin_nodes[p.nodes[u].bin];
-      L.bin_hits[p.nodes[u].bin] += hit[u];
+  {
+    std::unique_lock lock(stats_mu_);
+    for (size_t i = 0; i < req.pending.size(); ++i) {
+      Pending& p = req.pending[i];
+      if (due(p)) {
+        learn(p, req.ctx.data() + p.pos, std::min<int64_t>(n - p.pos, kDepthMax), learnt_);
+      } else {
+        if (kept != i) std::swap(req.pending[kept], p);  // keeps the order of the pending ones
+        ++kept;
+      }
     }
   }
-  std::sort(touched.begin(), touched.end());
-  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-  for (int32_t cls : touched) L.update_rates(cls);
-  lock.unlock();
-  for (size_t i = kept; i < req.pending.size(); ++i) req.spare.push_back(std::move(req.pending[i]));
+  for (size_t i = kept; i < req.pending.size() && req.spare.size() < kMaxSpare; ++i)
+    req.spare.push_back(std::move(req.pending[i]));
   req.pending.resize(kept);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Drafting (anchors.py: _anchors, _draft)
 
-void AnchorDrafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
-  out = DraftOut();
-  if (budget <= 0) return;
-  const Sources src = sources_of(req);
-  static thread_local std::vector<Found> found;
-  static thread_local Trie trie;
-  static thread_local std::vector<int32_t> top;
-  found.clear();
-  std::shared_lock lock(stats_mu_);
-  const int64_t n = static_cast<int64_t>(req.ctx.size());
-  const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg_.prompt_tail, req.prompt_len);
-  Scan sc{cfg_, req.ctx.data(), n, own, learnt_.rates.data(), found};
-  auto scan_list = [&](int32_t s, const CorpusList& list) {
-    if (!list || list->empty()) return;
-    for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, s, kind, list->data(), list->data() + list->size());
-  };
-  if (src.history)
-    for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, kHistory, kind, &src.history, &src.history + 1);
-  scan_list(kSiblings, src.siblings);
-  scan_list(kGlobal, src.global);
-  if (cfg_.sources[kSelf])
-    for (int32_t kind = 0; kind < 2; ++kind) scan_self(sc, kind, req.positions);
-  if (found.empty()) return;
+namespace {
 
-  // The best kMaxAnchors by learnt first-token rate, then their continuations' trie with noisy-OR misses.
-  const size_t num = std::min<size_t>(found.size(), kMaxAnchors);
-  std::partial_sort(found.begin(), found.begin() + num, found.end(), selected_before);
-  const int64_t reach = std::min<int32_t>(budget, kDepthMax);
-  Pending p;
-  if (!req.spare.empty()) {
-    p = std::move(req.spare.back());
-    req.spare.pop_back();
-  }
-  p.pos = n;
+// Every kept anchor of the request into the scratch (anchors.py: _anchors).
+void collect(const Config& cfg, const Learnt& learnt, const Request& req, const DraftSources& src, Scratch& s) {
+  const int64_t n = static_cast<int64_t>(req.ctx.size());
+  const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
+  Scan sc{cfg, req.ctx.data(), n, own, learnt.rate0.data(), s.found, s.keys};
+  auto scan_list = [&](int32_t source, const CorpusPtr* first, const CorpusPtr* last) {
+    if (first != last)
+      for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, source, kind, first, last);
+  };
+  // In (source, kind, rank) order, so that a found anchor's index breaks ties of the learnt rate.
+  if (src.history) scan_list(kHistory, &src.history, &src.history + 1);
+  if (src.siblings) scan_list(kSiblings, src.siblings->data(), src.siblings->data() + src.siblings->size());
+  if (cfg.sources[kSelf])
+    for (int32_t kind = 0; kind < 2; ++kind) scan_self(sc, kind, req.prev.data());
+  if (src.global) scan_list(kGlobal, src.global->data(), src.global->data() + src.global->size());
+}
+
+// The best kMaxAnchors by learnt first-token rate; each continuation's nodes multiply their miss by (1 - rate),
+// building the trie into the pending draft p.
+void build_trie(const Learnt& learnt, Scratch& s, int32_t budget, Pending& p) {
+  const size_t num = std::min<size_t>(s.keys.size(), kMaxAnchors);
+  std::partial_sort(s.keys.begin(), s.keys.begin() + num, s.keys.end(), selected_before);
+  const int64_t reach = std::min(budget, kDepthMax);
+  Trie& t = s.trie;
+  p.nodes.reserve(1 + num * reach);  // at most every continuation's whole path: no reallocation while building
+  t.reset(p.nodes);
   p.anchors.clear();
-  trie.reset();
   for (size_t a = 0; a < num; ++a) {
-    const Found& f = found[a];
-    const double* rate = learnt_.rates.data() + static_cast<size_t>(f.cls) * kDepthMax;
+    const Found& f = s.found[s.keys[a].index];
+    const double* rate = learnt.rates.data() + static_cast<size_t>(f.cls) * kDepthMax;  // [kDepthMax]
     const int64_t len = std::min(reach, f.seq_len - f.j);
     int32_t v = 0;
     for (int64_t d = 0; d < len; ++d) {
-      v = trie.child(v, f.seq[f.j + d]);
-      trie.miss[v] *= 1.0 - rate[d];
+      v = t.child(v, f.seq[f.j + d]);
+      t.miss[v] *= 1.0 - rate[d];
     }
     p.anchors.push_back({f.cls, static_cast<uint16_t>(v)});
   }
-  trie.score_nodes(learnt_);
-  lock.unlock();
-  p.nodes.resize(trie.size());
-  p.nodes[0] = {0, 0, 0, 0};
-  for (int32_t v = 1; v < trie.size(); ++v)
-    p.nodes[v] = {trie.token[v], static_cast<uint16_t>(trie.parent[v]), static_cast<uint8_t>(trie.depth[v]),
-                  trie.bin[v]};
-  req.pending.push_back(std::move(p));
-  select_top(trie, budget, top);
-  fill_output(trie, top, found[0].length, out);
+  t.assign_bins();
+}
+
+}  // namespace
+
+void AnchorDrafter::draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out) {
+  out = DraftOut();
+  if (budget <= 0) return;
+  const DraftSources src = sources_of(req);
+  s.found.clear();
+  s.keys.clear();
+  Pending p;
+  {
+    std::shared_lock lock(stats_mu_);
+    collect(cfg_, learnt_, req, src, s);
+    if (s.found.empty()) return;
+    if (!req.spare.empty()) {  // reuse a resolved draft's buffers
+      p = std::move(req.spare.back());
+      req.spare.pop_back();
+    }
+    build_trie(learnt_, s, budget, p);
+    select_top(learnt_, s, budget);
+  }
+  fill_output(s, s.found[s.keys[0].index].length, out);
+  p.pos = static_cast<int64_t>(req.ctx.size());
+  req.pending.push_back(std::move(p));  // after fill_output: the trie's nodes are p's
 }
 
 std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>& req_ids,
@@ -601,15 +723,26 @@ std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>&
   for (const auto& id : req_ids) reqs.push_back(find_request(id));
   std::vector<DraftOut> out(req_ids.size());
   if (ns) ns->assign(reqs.size(), 0);
+  std::unique_ptr<Scratch> scratch;
+  {
+    std::lock_guard lock(scratch_mu_);
+    if (!scratch_pool_.empty()) {
+      scratch = std::move(scratch_pool_.back());
+      scratch_pool_.pop_back();
+    }
+  }
+  if (!scratch) scratch = std::make_unique<Scratch>();
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       std::lock_guard lock(reqs[i]->mu);
-      draft_one(*reqs[i], budgets[i], out[i]);
+      draft_one(*reqs[i], budgets[i], *scratch, out[i]);
     }
     if (ns)
       (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   }
+  std::lock_guard lock(scratch_mu_);
+  scratch_pool_.push_back(std::move(scratch));
   return out;
 }
 
@@ -638,7 +771,7 @@ size_t AnchorDrafter::memory_bytes() const {
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
     total += id.capacity() + sizeof(Request) + r->ctx.capacity() * sizeof(int32_t);
-    for (const auto& [t, v] : r->positions) total += sizeof(t) + v.capacity() * sizeof(int32_t) + 16;
+    total += r->prev.capacity() * sizeof(int32_t) + r->last.size() * 24;
     for (const auto* list : {&r->pending, &r->spare})
       for (const Pending& p : *list)
         total += sizeof(Pending) + p.nodes.capacity() * sizeof(PendingNode) +
@@ -647,24 +780,6 @@ size_t AnchorDrafter::memory_bytes() const {
   return total;
 }
 
-namespace {
-
-std::string check_pending(const Pending& p, int64_t ctx_len) {
-  if (p.pos < 0 || p.pos > ctx_len) return "a pending draft lies beyond the context";
-  if (p.nodes.empty() || p.anchors.empty()) return "a pending draft without nodes or anchors";
-  for (size_t u = 1; u < p.nodes.size(); ++u) {
-    const PendingNode& nd = p.nodes[u];
-    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > kDepthMax || nd.bin >= kNumBins ||
-        nd.bin / kNumScoreBins != length_class(nd.depth))
-      return "a pending trie node is inconsistent";
-  }
-  for (const PendingAnchor& a : p.anchors)
-    if (a.cls < 0 || a.cls >= kNumClasses || a.leaf == 0 || a.leaf >= p.nodes.size())
-      return "a pending anchor is out of range";
-  return "";
-}
-
-}  // namespace
 
 std::string AnchorDrafter::check_integrity() const {
   {
@@ -705,11 +820,8 @@ std::string AnchorDrafter::check_integrity() const {
   std::shared_lock lock(requests_mu_);
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
-    for (const Pending& p : r->pending) {
-      const std::string h = check_pending(p, static_cast<int64_t>(r->ctx.size()));
-      if (!h.empty()) return "request " + id + ": " + h;
-      if (static_cast<int64_t>(r->ctx.size()) - p.pos >= kDepthMax) return "request " + id + ": a due draft is pending";
-    }
+    const std::string h = r->check_integrity();
+    if (!h.empty()) return "request " + id + ": " + h;
   }
   return "";
 }

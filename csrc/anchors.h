@@ -42,6 +42,7 @@ constexpr int32_t kNumLengthClasses = static_cast<int32_t>(kLengthEdges.size()) 
 constexpr int32_t kNumScoreBins = static_cast<int32_t>(kScoreEdges.size()) + 1;       // 15
 constexpr int32_t kNumClasses = kNumSources * 2 * kNumLengthClasses * 4 * kNumExtra;   // 3072
 constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins;                         // 120
+constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most
 constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor draft ("anchors")
 
 int32_t length_class(int64_t n);
@@ -103,7 +104,7 @@ using CorpusList = std::shared_ptr<const std::vector<CorpusPtr>>;  // oldest fir
 // A draft's trie as kept until its outcome is known: enough to replay the reference's learning step.
 struct PendingNode {
   int32_t token;
-  uint16_t parent;  // node index (0 = root); a trie has at most 1 + kMaxAnchors * kDepthMax nodes
+  uint16_t parent;  // node index (0 = root); a trie has at most kMaxNodes nodes
   uint8_t depth;
   uint8_t bin;      // length_class(depth) * kNumScoreBins + score bin
 };
@@ -123,12 +124,19 @@ struct Request {
   std::mutex mu;
   bool has_prompt = false;
   std::string prompt_id;
-  std::vector<int32_t> ctx;                                     // [n] prompt tokens + generated
+  std::vector<int32_t> ctx;  // [n] prompt tokens + generated
   int64_t prompt_len = 0;
-  std::unordered_map<int32_t, std::vector<int32_t>> positions;  // token -> increasing positions (self source)
-  std::vector<Pending> pending;                                 // unresolved drafts, oldest first
-  std::vector<Pending> spare;                                   // resolved ones, kept for their capacity
+  bool track_self = false;                      // the self source is on: keep prev and last
+  std::vector<int32_t> prev;                    // [n] previous position of ctx[i]'s token, -1 for its first
+  std::unordered_map<int32_t, int32_t> last;    // token -> its last position in ctx
+  std::vector<Pending> pending;                 // unresolved drafts, oldest first
+  std::vector<Pending> spare;                   // resolved ones, kept for their capacity
+
+  void append(Span tokens);
+  std::string check_integrity() const;  // debug: "" when prev, last and the pending drafts are consistent
 };
+
+struct Scratch;  // the buffers of one draft (anchors.cc)
 
 struct Config {
   int32_t min_match = 1;
@@ -142,13 +150,20 @@ struct Learnt {
   std::vector<int64_t> tries, hits;          // [kNumClasses * kDepthMax]
   std::vector<int64_t> bin_nodes, bin_hits;  // [kNumBins]
   std::vector<double> rates;                 // [kNumClasses * kDepthMax] shrunk to the prior, running minimum
+  std::vector<double> rate0;                 // [kNumClasses] rates at depth 0 (the anchors' selection key)
   Learnt();
   void update_rates(int32_t cls);
 };
 
+struct DraftSources {  // the corpora one draft reads (null: none), each list oldest first
+  CorpusPtr history;
+  CorpusList siblings, global;
+};
+
 class AnchorDrafter {
  public:
-  explicit AnchorDrafter(const Config& cfg) : cfg_(cfg) {}
+  explicit AnchorDrafter(const Config& cfg);
+  ~AnchorDrafter();
 
   void set_history(const std::string& prompt_id, const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
   void add_sibling(const std::string& prompt_id, Span seq, int64_t weight);
@@ -175,14 +190,10 @@ class AnchorDrafter {
     CorpusPtr history;                        // null = none
     CorpusList siblings;                      // null = none
   };
-  struct Sources {  // what one draft reads, newest first per source
-    CorpusPtr history;
-    CorpusList siblings, global;
-  };
 
   std::shared_ptr<Request> find_request(const std::string& req_id) const;
-  Sources sources_of(const Request& req) const;
-  void draft_one(Request& req, int32_t budget, DraftOut& out);
+  DraftSources sources_of(const Request& req) const;
+  void draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out);
   void resolve(Request& req, bool final);
   void publish_global();  // global_list_ := global_'s corpora (under a unique lock of sources_mu_)
 
@@ -195,6 +206,8 @@ class AnchorDrafter {
   std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
   mutable std::shared_mutex stats_mu_;
   Learnt learnt_;
+  std::mutex scratch_mu_;
+  std::vector<std::unique_ptr<Scratch>> scratch_pool_;  // one per draft_batch running at a time
 };
 
 }  // namespace anchors

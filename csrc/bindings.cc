@@ -227,6 +227,24 @@ PYBIND11_MODULE(_native, m) {
       .def("num_prompts", &Drafter::num_prompts)
       .def("num_requests", &Drafter::num_requests);
 
+  {
+    using namespace histospec::anchors;
+    py::dict k;  // the constants of sglang_histospec/drafting/anchors.py this build mirrors (checked at import)
+    k["DEPTH_MAX"] = kDepthMax;
+    k["SCAN"] = kScan;
+    k["MAX_ANCHORS"] = kMaxAnchors;
+    k["HAM_WINDOW"] = kHamWindow;
+    k["SUB_MIN_MATCH"] = kSubMinMatch;
+    k["GLOBAL_MIN_MATCH"] = kGlobalMinMatch;
+    k["LENGTH_EDGES"] = py::tuple(py::cast(std::vector<int32_t>(kLengthEdges.begin(), kLengthEdges.end())));
+    k["SCORE_EDGES"] = py::tuple(py::cast(std::vector<double>(kScoreEdges.begin(), kScoreEdges.end())));
+    k["RATE_PRIOR"] = kRatePrior;
+    k["RATE_PRIOR_NODES"] = kRatePriorNodes;
+    k["RECAL_PRIOR_NODES"] = kRecalPriorNodes;
+    k["NUM_EXTRA"] = kNumExtra;
+    k["NUM_CLASSES"] = kNumClasses;
+    m.attr("ANCHOR_CONSTANTS") = k;
+  }
   py::class_<AnchorDrafter> anchors(m, "AnchorDrafter",
                                     "The anchor scorer (drafts and learning of sglang_histospec/drafting/anchors.py).");
   anchors.def(py::init([](int32_t min_match, int32_t max_match, int32_t prompt_tail,

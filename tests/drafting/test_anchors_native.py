@@ -267,6 +267,15 @@ def test_bad_input_raises_value_error():
         idx.draft_batch(["unknown"], [4])
 
 
+def test_native_constants_mirror_the_reference():
+    from sglang_histospec.core import _native
+    from sglang_histospec.drafting import anchors
+
+    assert len(_native.ANCHOR_CONSTANTS) == 13
+    for name, value in _native.ANCHOR_CONSTANTS.items():
+        assert value == getattr(anchors, name), name
+
+
 def test_numpy_and_list_inputs_agree():
     idx = NativeAnchorIndex(min_match=1, max_match=8, prompt_tail=1, sources=("history", "self"))
     idx.set_history("p", _arrays([[7, 1, 2, 3, 1, 2, 4]]), [WEIGHT_ONE])
