@@ -9,6 +9,7 @@ pass ``check_integrity()`` after every call. ``-m slow`` runs a larger seeded sw
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 
@@ -242,6 +243,17 @@ def test_facade_backends_agree():
 def test_backend_python_forces_the_reference():
     assert isinstance(HistoSpecDrafter(DrafterConfig(scorer="anchors", backend="python"))._index, AnchorIndex)
     assert isinstance(HistoSpecDrafter(DrafterConfig(scorer="anchors"))._index, NativeAnchorIndex)
+
+
+def test_bench_index_scorer_anchors(capsys):
+    """``histospec bench index --scorer anchors`` drafts the same workload with both backends: identical tau."""
+    from sglang_histospec import cli
+
+    argv = ["bench", "index", "--scorer", "anchors", "--prompts", "3", "--responses", "2", "--length", "96"]
+    assert cli.main([*argv, "--steps", "6", "--reference-prompts", "2", "--reference-length", "64", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["scorer"] == "anchors" and result["draft_us_p50"] > 0 and result["tau"] >= 1.0
+    assert result["reference_python_tau"] == result["reference_native_tau"]
 
 
 # ---- the native wrapper's own checks -----------------------------------------------------------------------
