@@ -1,7 +1,8 @@
 """The public drafter: per-prompt history of earlier responses, request-by-request tree drafting.
 
 ``HistoSpecDrafter`` keeps validation, steps, visits, weights, LRU, the global FIFO and snapshots; a backend
-(``NativeIndex`` or ``ReferenceIndex``) stores the weighted sequences and drafts. Semantics: docs/drafting.md.
+(``NativeIndex`` or ``ReferenceIndex``; with ``scorer="anchors"``, ``NativeAnchorIndex`` or ``AnchorIndex``) stores
+the weighted sequences and drafts. Semantics: docs/drafting.md.
 
 Example::
 
