@@ -427,6 +427,7 @@ void AnchorDrafter::set_history(const std::string& prompt_id, const std::vector<
     corpus = Corpus::build(std::vector<Span>(seqs.rbegin(), seqs.rend()),
                            std::vector<int64_t>(weights.rbegin(), weights.rend()));
   std::unique_lock lock(sources_mu_);
+  sources_gen_.fetch_add(1, std::memory_order_release);
   if (corpus) {
     prompts_[prompt_id].history = std::move(corpus);
     return;
@@ -440,6 +441,7 @@ void AnchorDrafter::set_history(const std::string& prompt_id, const std::vector<
 void AnchorDrafter::add_sibling(const std::string& prompt_id, Span seq, int64_t weight) {
   CorpusPtr corpus = Corpus::build({seq}, {weight});
   std::unique_lock lock(sources_mu_);
+  sources_gen_.fetch_add(1, std::memory_order_release);
   PromptSources& entry = prompts_[prompt_id];
   auto next = entry.siblings ? std::make_shared<std::vector<CorpusPtr>>(*entry.siblings)
                              : std::make_shared<std::vector<CorpusPtr>>();
@@ -449,6 +451,7 @@ void AnchorDrafter::add_sibling(const std::string& prompt_id, Span seq, int64_t 
 
 void AnchorDrafter::clear_siblings() {
   std::unique_lock lock(sources_mu_);
+  sources_gen_.fetch_add(1, std::memory_order_release);
   for (auto it = prompts_.begin(); it != prompts_.end();) {
     it->second.siblings.reset();
     if (!it->second.history) it = prompts_.erase(it); else ++it;
@@ -472,12 +475,14 @@ void AnchorDrafter::remove_global(int64_t key) {
 }
 
 void AnchorDrafter::publish_global() {
+  sources_gen_.fetch_add(1, std::memory_order_release);
   auto list = std::make_shared<std::vector<CorpusPtr>>();
   for (const auto& g : global_) list->push_back(g.second);
   global_list_ = std::move(list);
 }
 
-DraftSources AnchorDrafter::sources_of(const Request& req) const {
+void AnchorDrafter::refresh_sources(Request& req) const {
+  if (req.sources_gen == sources_gen_.load(std::memory_order_acquire)) return;
   DraftSources src;
   std::shared_lock lock(sources_mu_);
   if (req.has_prompt && (cfg_.sources[kHistory] || cfg_.sources[kSiblings])) {
@@ -488,7 +493,8 @@ DraftSources AnchorDrafter::sources_of(const Request& req) const {
     }
   }
   if (cfg_.sources[kGlobal]) src.global = global_list_;
-  return src;
+  req.sources = std::move(src);
+  req.sources_gen = sources_gen_.load(std::memory_order_relaxed);  // writers bump it under the unique lock
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -517,9 +523,9 @@ void Request::append(Span tokens) {
   for (int64_t i = 0; i < tokens.size; ++i) {
     const int32_t t = tokens.data[i];
     if (track_self) {
-      const auto [it, fresh] = last.try_emplace(t, static_cast<int32_t>(ctx.size()));
-      prev.push_back(fresh ? -1 : it->second);
-      it->second = static_cast<int32_t>(ctx.size());
+      TokenTable::Slot& e = last.insert(t);  // a new token's slot has lo = 0: no earlier position
+      prev.push_back(e.lo - 1);
+      e.lo = static_cast<int32_t>(ctx.size()) + 1;
     }
     ctx.push_back(t);
   }
@@ -531,7 +537,7 @@ std::string Request::check_integrity() const {
     if (!h.empty()) return h;
     if (static_cast<int64_t>(ctx.size()) - p.pos >= kDepthMax) return "a due draft is pending";
   }
-  if (!track_self) return prev.empty() && last.empty() ? "" : "occurrences kept without the self source";
+  if (!track_self) return prev.empty() ? "" : "occurrences kept without the self source";
   if (prev.size() != ctx.size()) return "previous occurrences and context disagree";
   std::unordered_map<int32_t, int32_t> seen;  // token -> its last position so far
   for (size_t i = 0; i < ctx.size(); ++i) {
@@ -539,7 +545,14 @@ std::string Request::check_integrity() const {
     if (prev[i] != (fresh ? -1 : it->second)) return "the previous occurrence at " + std::to_string(i) + " is wrong";
     it->second = static_cast<int32_t>(i);
   }
-  return seen == last ? "" : "last occurrences are wrong";
+  size_t tokens = 0;
+  for (const TokenTable::Slot& e : last.slots()) {
+    if (e.token == -1) continue;
+    ++tokens;
+    const auto it = seen.find(e.token);
+    if (it == seen.end() || it->second != e.lo - 1) return "last occurrence of " + std::to_string(e.token) + " wrong";
+  }
+  return tokens == seen.size() ? "" : "last occurrences are missing";
 }
 
 void AnchorDrafter::start(const std::string& req_id, const std::string* prompt_id, Span prompt_tokens) {
@@ -651,7 +664,8 @@ void AnchorDrafter::resolve(Request& req, bool final) {
 namespace {
 
 // Every kept anchor of the request into the scratch (anchors.py: _anchors).
-void collect(const Config& cfg, const Learnt& learnt, const Request& req, const DraftSources& src, Scratch& s) {
+void collect(const Config& cfg, const Learnt& learnt, const Request& req, Scratch& s) {
+  const DraftSources& src = req.sources;
   const int64_t n = static_cast<int64_t>(req.ctx.size());
   const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
   Scan sc{cfg, req.ctx.data(), n, own, learnt.rate0.data(), s.found, s.keys};
@@ -696,13 +710,13 @@ void build_trie(const Learnt& learnt, Scratch& s, int32_t budget, Pending& p) {
 void AnchorDrafter::draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out) {
   out = DraftOut();
   if (budget <= 0) return;
-  const DraftSources src = sources_of(req);
+  refresh_sources(req);
   s.found.clear();
   s.keys.clear();
   Pending p;
   {
     std::shared_lock lock(stats_mu_);
-    collect(cfg_, learnt_, req, src, s);
+    collect(cfg_, learnt_, req, s);
     if (s.found.empty()) return;
     if (!req.spare.empty()) {  // reuse a resolved draft's buffers
       p = std::move(req.spare.back());
@@ -771,7 +785,7 @@ size_t AnchorDrafter::memory_bytes() const {
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
     total += id.capacity() + sizeof(Request) + r->ctx.capacity() * sizeof(int32_t);
-    total += r->prev.capacity() * sizeof(int32_t) + r->last.size() * 24;
+    total += r->prev.capacity() * sizeof(int32_t) + r->last.slots().capacity() * sizeof(TokenTable::Slot);
     for (const auto* list : {&r->pending, &r->spare})
       for (const Pending& p : *list)
         total += sizeof(Pending) + p.nodes.capacity() * sizeof(PendingNode) +

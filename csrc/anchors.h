@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,11 @@ class Corpus {
 using CorpusPtr = std::shared_ptr<const Corpus>;
 using CorpusList = std::shared_ptr<const std::vector<CorpusPtr>>;  // oldest first, replaced whole (copy on write)
 
+struct DraftSources {  // the corpora one draft reads (null: none), each list oldest first
+  CorpusPtr history;
+  CorpusList siblings, global;
+};
+
 // A draft's trie as kept until its outcome is known: enough to replay the reference's learning step.
 struct PendingNode {
   int32_t token;
@@ -126,11 +132,13 @@ struct Request {
   std::string prompt_id;
   std::vector<int32_t> ctx;  // [n] prompt tokens + generated
   int64_t prompt_len = 0;
-  bool track_self = false;                      // the self source is on: keep prev and last
-  std::vector<int32_t> prev;                    // [n] previous position of ctx[i]'s token, -1 for its first
-  std::unordered_map<int32_t, int32_t> last;    // token -> its last position in ctx
-  std::vector<Pending> pending;                 // unresolved drafts, oldest first
-  std::vector<Pending> spare;                   // resolved ones, kept for their capacity
+  bool track_self = false;       // the self source is on: keep prev and last
+  std::vector<int32_t> prev;     // [n] previous position of ctx[i]'s token, -1 for its first
+  TokenTable last;               // token -> lo = 1 + its last position in ctx (hi unused)
+  std::vector<Pending> pending;  // unresolved drafts, oldest first
+  std::vector<Pending> spare;    // resolved ones, kept for their capacity
+  uint64_t sources_gen = 0;      // AnchorDrafter's sources generation `sources` was read at (0: never)
+  DraftSources sources;          // the corpora of the last draft (kept alive until the next refresh)
 
   void append(Span tokens);
   std::string check_integrity() const;  // debug: "" when prev, last and the pending drafts are consistent
@@ -153,11 +161,6 @@ struct Learnt {
   std::vector<double> rate0;                 // [kNumClasses] rates at depth 0 (the anchors' selection key)
   Learnt();
   void update_rates(int32_t cls);
-};
-
-struct DraftSources {  // the corpora one draft reads (null: none), each list oldest first
-  CorpusPtr history;
-  CorpusList siblings, global;
 };
 
 class AnchorDrafter {
@@ -192,13 +195,14 @@ class AnchorDrafter {
   };
 
   std::shared_ptr<Request> find_request(const std::string& req_id) const;
-  DraftSources sources_of(const Request& req) const;
+  void refresh_sources(Request& req) const;  // req.sources := the current corpora, unless they did not change
   void draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out);
   void resolve(Request& req, bool final);
   void publish_global();  // global_list_ := global_'s corpora (under a unique lock of sources_mu_)
 
   Config cfg_;
   mutable std::shared_mutex sources_mu_;  // guards prompts_, global_ and global_list_ (not the corpora: immutable)
+  std::atomic<uint64_t> sources_gen_{1};   // bumped (under sources_mu_) by every change of the sources
   std::unordered_map<std::string, PromptSources> prompts_;
   std::vector<std::pair<int64_t, CorpusPtr>> global_;  // insertion order
   CorpusList global_list_;                              // global_'s corpora, oldest first
