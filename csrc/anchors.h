@@ -7,8 +7,9 @@
 // continuations scores each node by the noisy-OR of its anchors' rates, recalibrated per (depth, score) bin.
 //
 // Locking (no snapshots of whole structures): sources are immutable corpora held by shared_ptr and swapped under
-// sources_mu_, so a draft keeps reading the ones it took; each request has its own mutex; the learnt tables are
-// read under a shared lock of stats_mu_ while drafting and written under its unique lock when drafts resolve.
+// sources_mu_ (each change bumps a generation; a request re-reads its corpora only when it moved), so a draft
+// keeps reading the ones it took; each request has its own mutex; the learnt tables are read under a shared lock
+// of stats_mu_ while drafting and written under its unique lock when drafts resolve (in extend, remove_request).
 #pragma once
 
 #include <array>
