@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import threading
 
 import numpy as np
@@ -241,6 +242,15 @@ def test_facade_backends_agree():
 def test_backend_python_forces_the_reference():
     assert isinstance(HistoSpecDrafter(DrafterConfig(scorer="anchors", backend="python"))._index, AnchorIndex)
     assert isinstance(HistoSpecDrafter(DrafterConfig(scorer="anchors"))._index, NativeAnchorIndex)
+
+
+def test_without_the_extension_auto_falls_back(monkeypatch):
+    """A build without AnchorDrafter (ImportError): "auto" drafts with the reference, "native" names the fix."""
+    monkeypatch.setitem(sys.modules, "sglang_histospec.drafting.native_anchors", None)
+    d = HistoSpecDrafter(DrafterConfig(scorer="anchors"))
+    assert d.backend == "python" and isinstance(d._index, AnchorIndex)
+    with pytest.raises(ValueError, match="backend='native'.*scorer='anchors'.*make install"):
+        HistoSpecDrafter(DrafterConfig(scorer="anchors", backend="native"))
 
 
 def test_bench_index_scorer_anchors(capsys):
