@@ -243,6 +243,7 @@ PYBIND11_MODULE(_native, m) {
     k["RECAL_PRIOR_NODES"] = kRecalPriorNodes;
     k["NUM_EXTRA"] = kNumExtra;
     k["NUM_CLASSES"] = kNumClasses;
+    k["NUM_BINS"] = py::make_tuple(kNumLengthClasses, kNumScoreBins);
     m.attr("ANCHOR_CONSTANTS") = k;
   }
   py::class_<AnchorDrafter> anchors(m, "AnchorDrafter",

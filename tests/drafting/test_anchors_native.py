@@ -291,7 +291,7 @@ def test_native_constants_mirror_the_reference():
     from sglang_histospec.core import _native
     from sglang_histospec.drafting import anchors
 
-    assert len(_native.ANCHOR_CONSTANTS) == 13
+    assert len(_native.ANCHOR_CONSTANTS) == 14
     for name, value in _native.ANCHOR_CONSTANTS.items():
         assert value == getattr(anchors, name), name
 
