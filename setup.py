@@ -10,9 +10,10 @@ from setuptools import setup
 ext_modules = [
     Pybind11Extension(
         "sglang_histospec.core._native",
-        sorted(["csrc/bindings.cc", "csrc/drafter.cc", "csrc/index.cc", "csrc/sais.cc"]),
+        sorted(["csrc/anchors.cc", "csrc/bindings.cc", "csrc/drafter.cc", "csrc/index.cc", "csrc/sais.cc"]),
         cxx_std=17,
-        extra_compile_args=["-O3"],
+        # -ffp-contract=off: no fused multiply-adds, so that doubles round as in the Python references
+        extra_compile_args=["-O3", "-ffp-contract=off"],
     ),
 ]
 

@@ -1,7 +1,8 @@
 """The public drafter: per-prompt history of earlier responses, request-by-request tree drafting.
 
 ``HistoSpecDrafter`` keeps validation, steps, visits, weights, LRU, the global FIFO and snapshots; a backend
-(``NativeIndex`` or ``ReferenceIndex``) stores the weighted sequences and drafts. Semantics: docs/drafting.md.
+(``NativeIndex`` or ``ReferenceIndex``; with ``scorer="anchors"``, ``NativeAnchorIndex`` or ``AnchorIndex``) stores
+the weighted sequences and drafts. Semantics: docs/drafting.md.
 
 Example::
 
@@ -189,13 +190,15 @@ def visit_weights(rewards: list[float] | None, n: int, age: int, cfg: DrafterCon
 
 
 def make_index(cfg: DrafterConfig):
-    """The backend selected by ``cfg.scorer`` and ``cfg.backend`` (docs/drafting.md section 9)."""
+    """The backend selected by ``cfg.scorer`` and ``cfg.backend`` (docs/drafting.md section 9): the native one
+    when ``backend`` is "native" or "auto" and the extension provides it, else the Python reference."""
     if cfg.scorer == "anchors":
         from sglang_histospec.drafting.anchors import AnchorIndex
 
-        return AnchorIndex(
+        kwargs = dict(
             min_match=cfg.min_match, max_match=cfg.max_match, prompt_tail=cfg.prompt_tail, sources=cfg.sources
         )
+        return (_native_class(cfg) or AnchorIndex)(**kwargs)
     kwargs = dict(
         min_match=cfg.min_match,
         max_match=cfg.max_match,
@@ -204,18 +207,27 @@ def make_index(cfg: DrafterConfig):
         use_frequency=cfg.use_frequency,
         sources=cfg.sources,
     )
-    if cfg.backend in ("auto", "native"):
-        try:
-            from sglang_histospec.drafting.native import NativeIndex
-        except (ImportError, AttributeError) as exc:
-            if cfg.backend == "native":
-                raise ValueError(
-                    f"backend='native' but the native index is unavailable ({exc}); build it with `make install` "
-                    "or use backend='python'"
-                ) from exc
+    return (_native_class(cfg) or ReferenceIndex)(**kwargs)
+
+
+def _native_class(cfg: DrafterConfig):
+    """The native backend class of ``cfg.scorer``, or None for the Python reference (backend "python", or "auto"
+    without the extension); ValueError when backend="native" cannot be honoured."""
+    if cfg.backend == "python":
+        return None
+    try:
+        if cfg.scorer == "anchors":
+            from sglang_histospec.drafting.native_anchors import NativeAnchorIndex as native
         else:
-            return NativeIndex(**kwargs)
-    return ReferenceIndex(**kwargs)
+            from sglang_histospec.drafting.native import NativeIndex as native
+    except (ImportError, AttributeError) as exc:
+        if cfg.backend == "native":
+            raise ValueError(
+                f"backend='native' but the native index of scorer={cfg.scorer!r} is unavailable ({exc}); build it "
+                "with `make install` or use backend='python'"
+            ) from exc
+        return None
+    return native
 
 
 class HistoSpecDrafter:
@@ -226,7 +238,8 @@ class HistoSpecDrafter:
         self.calibration = DraftCalibration(calibration)
         """Drafted probability -> expected acceptance, fed by whoever verifies the drafts (engine, replay, plugin)."""
         self._index = make_index(self.cfg)
-        self.backend = "native" if type(self._index).__name__ == "NativeIndex" else "python"
+        self.backend = getattr(self._index, "backend", "python")
+        """"native" or "python": the backend ``make_index`` chose (native classes say so in ``backend``)."""
         self._lock = threading.RLock()
         self._prompts: OrderedDict[str, _Prompt] = OrderedDict()  # LRU order: last = most recently used
         self._history_tokens = 0

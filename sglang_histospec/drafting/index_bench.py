@@ -59,9 +59,13 @@ class IndexBenchConfig:
     """DrafterConfig.max_match."""
     min_prob: float = 0.1
     """DrafterConfig.min_prob."""
+    scorer: str = "counts"
+    """DrafterConfig.scorer: "counts" (the longest match's counts) or "anchors" (learnt anchor rates)."""
 
 
 def _make_backend(cfg: IndexBenchConfig, backend: str):
+    if cfg.scorer == "anchors":
+        return _make_anchor_backend(cfg, backend)
     kwargs = dict(
         min_match=cfg.min_match,
         max_match=cfg.max_match,
@@ -75,6 +79,17 @@ def _make_backend(cfg: IndexBenchConfig, backend: str):
     from sglang_histospec.drafting.native import NativeIndex
 
     return NativeIndex(**kwargs)
+
+
+def _make_anchor_backend(cfg: IndexBenchConfig, backend: str):
+    kwargs = dict(min_match=cfg.min_match, max_match=cfg.max_match, prompt_tail=PROMPT_TAIL, sources=cfg.sources)
+    if backend == "python":
+        from sglang_histospec.drafting.anchors import AnchorIndex
+
+        return AnchorIndex(**kwargs)
+    from sglang_histospec.drafting.native_anchors import NativeAnchorIndex
+
+    return NativeAnchorIndex(**kwargs)
 
 
 def _sample(base: np.ndarray, similarity: float, vocab: int, rng: np.random.Generator) -> np.ndarray:
@@ -194,6 +209,7 @@ def run_index_bench(
     us = np.asarray(dec.per_request_us)
     return {
         "backend": backend,
+        "scorer": cfg.scorer,
         "ingest_tokens_per_s": data.history_tokens / data.ingest_cpu_s,
         "ingest_tokens_per_s_wall": data.history_tokens / data.ingest_s,
         "draft_us_p50": float(np.percentile(us, 50)),

@@ -38,6 +38,8 @@ class NativeIndex:
     the whole batch without the GIL. Sources: ``csrc/``.
     """
 
+    backend = "native"
+
     def __init__(
         self,
         *,

@@ -1,5 +1,6 @@
 """The anchor scorer (``DrafterConfig(scorer="anchors")``, docs/drafting.md section 13): hand-computed cases,
-learning, and hypothesis invariants."""
+learning, and hypothesis invariants, on every available backend (tests/drafting/test_anchors_native.py compares
+the backends call by call)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,28 @@ from hypothesis import strategies as st
 from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.anchors import DEPTH_MAX, RATE_PRIOR, AnchorIndex, anchor_class, length_class
 
+try:
+    from sglang_histospec.drafting.native_anchors import NativeAnchorIndex
+
+    INDEXES = {"python": AnchorIndex, "native": NativeAnchorIndex}
+except (ImportError, AttributeError):
+    INDEXES = {"python": AnchorIndex}
+BACKENDS = list(INDEXES)
+
 P1, P2, P3 = RATE_PRIOR, RATE_PRIOR**2, RATE_PRIOR**3  # the prior hit rates at depths 1-3 before any learning
 
 
-def drafter(**kw) -> HistoSpecDrafter:
-    return HistoSpecDrafter(DrafterConfig(scorer="anchors", backend="python", **kw))
+def drafter(backend: str, **kw) -> HistoSpecDrafter:
+    return HistoSpecDrafter(DrafterConfig(scorer="anchors", backend=backend, **kw))
 
 
-def run_case(cfg, history, prompt, extend, budget):
-    d = drafter(**cfg)
+def tries(idx) -> int:
+    """How many (anchor, depth) outcomes an index has learnt from."""
+    return int(idx._tries.sum() if isinstance(idx, AnchorIndex) else idx.learnt_counts()["tries"].sum())
+
+
+def run_case(backend, cfg, history, prompt, extend, budget):
+    d = drafter(backend, **cfg)
     if history:
         d.add("p", 0, history, prompt_tokens=prompt)
     d.start("r", "p", prompt)
@@ -62,9 +76,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name,cfg,history,prompt,extend,budget,expected", CASES, ids=[c[0] for c in CASES])
-def test_cases(name, cfg, history, prompt, extend, budget, expected):
-    out = run_case(cfg, history, prompt, extend, budget)
+def test_cases(backend, name, cfg, history, prompt, extend, budget, expected):
+    out = run_case(backend, cfg, history, prompt, extend, budget)
+    assert out.source == ("anchors" if expected[0] else "")
     assert (out.token_ids, out.parents) == (expected[0], expected[1])
     assert out.probs == pytest.approx(expected[2], rel=1e-12)
 
@@ -76,9 +92,10 @@ def test_length_class(length, expected):
     assert length_class(length) == expected
 
 
-def test_global_needs_three_tokens():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_global_needs_three_tokens(backend):
     cfg = {"sources": ("global",), "prompt_tail": 0}
-    d = drafter(**cfg)
+    d = drafter(backend, **cfg)
     d.add("other", 0, [[1, 2, 3, 4, 5]], prompt_tokens=[0])
     d.start("two", None, [2, 3])
     d.start("three", None, [1, 2, 3])
@@ -86,10 +103,11 @@ def test_global_needs_three_tokens():
     assert d.draft("three", 4).token_ids == [4, 5]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("right,above", [(True, True), (False, False)])
-def test_rates_are_learnt(right, above):
+def test_rates_are_learnt(backend, right, above):
     """A prompt whose history always continues right (or always wrong) is trusted more (or less) than the prior."""
-    d = drafter(sources=("history",), prompt_tail=1)
+    d = drafter(backend, sources=("history",), prompt_tail=1)
     hist = [10, 11, 12, 13, 14, 15]
     d.add("p", 0, [hist], prompt_tokens=[9])
     for i in range(30):
@@ -103,15 +121,22 @@ def test_rates_are_learnt(right, above):
     assert (p0 > P1 + 0.2) if above else (p0 < P1 - 0.2)
 
 
-def test_learning_waits_for_the_outcome():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_learning_waits_for_the_outcome(backend):
     """A draft teaches only once DEPTH_MAX tokens after it are known (or the request ends)."""
-    idx = AnchorIndex(min_match=1, max_match=8, prompt_tail=0, sources=("self",))
+    idx = INDEXES[backend](min_match=1, max_match=8, prompt_tail=0, sources=("self",))
     idx.start("r", None, [1, 2, 1])
     idx.draft_batch(["r"], [4])
     idx.extend("r", [2] * (DEPTH_MAX - 1))
-    assert idx._tries.sum() == 0
+    assert tries(idx) == 0
     idx.extend("r", [2])
-    assert idx._tries.sum() > 0 and idx.check_integrity() is None
+    assert tries(idx) > 0 and idx.check_integrity() is None
+    idx.start("s", None, [1, 2, 1])
+    idx.draft_batch(["s"], [4])
+    idx.extend("s", [2, 2])
+    before = tries(idx)
+    idx.remove_request("s")  # the end of a request resolves its drafts with the tokens known
+    assert tries(idx) > before and idx.check_integrity() is None
 
 
 def test_anchor_class_is_a_bijection_on_its_fields():
@@ -130,6 +155,7 @@ def _occurs(path, seqs) -> bool:
     return any(list(s[i : i + n]) == path for s in seqs for i in range(len(s) - n + 1))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=120, deadline=None)
 @given(
     history=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=14), min_size=0, max_size=5),
@@ -138,10 +164,10 @@ def _occurs(path, seqs) -> bool:
     steps=st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(0, 4), max_size=4)), max_size=8),
     tail=st.integers(0, 2),
 )
-def test_draft_invariants(history, siblings, prompt, steps, tail):
+def test_draft_invariants(backend, history, siblings, prompt, steps, tail):
     """Drafts are well-formed trees within the budget, probabilities in (0, 1] never grow from parent to child,
     and every drafted path is a run of tokens of some source or of the context."""
-    d = drafter(prompt_tail=tail, max_match=6)
+    d = drafter(backend, prompt_tail=tail, max_match=6)
     if history:
         d.add("p", 0, history, prompt_tokens=prompt)
     for i, s in enumerate(siblings):

@@ -1,0 +1,844 @@
+#include "anchors.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+
+namespace histospec {
+namespace anchors {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Classes and rates (anchors.py: length_class, _ham_class, _offset_class, anchor_class, _PRIOR, _rate)
+
+int32_t length_class(int64_t n) {
+  int32_t c = 0;
+  for (int32_t e : kLengthEdges) c += n >= e;
+  return c;
+}
+
+namespace {
+
+int32_t ham_class(int32_t extra) { return extra <= 0 ? 0 : extra <= 3 ? 1 : extra <= 7 ? 2 : 3; }
+
+int32_t offset_class(int64_t dist) { return dist <= 2 ? 0 : dist <= 10 ? 1 : dist <= 40 ? 2 : 3; }
+
+int32_t score_bin(double raw) {  // how many score edges lie below raw: a branchless search of 16 sorted slots
+  static constexpr std::array<double, 16> edges = [] {  // kScoreEdges padded with +inf
+    std::array<double, 16> out{};
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = i < kScoreEdges.size() ? kScoreEdges[i] : std::numeric_limits<double>::infinity();
+    return out;
+  }();
+  static_assert(kScoreEdges.size() < 16, "the search covers 16 slots");
+  int32_t c = 0;
+  for (int32_t step = 8; step > 0; step /= 2) c += edges[c + step - 1] < raw ? step : 0;
+  return c;
+}
+
+// [kDepthMax] RATE_PRIOR ** (d + 1) by repeated products, as np.cumprod computes it.
+const std::array<double, kDepthMax>& prior() {
+  static const std::array<double, kDepthMax> p = [] {
+    std::array<double, kDepthMax> out{};
+    out[0] = kRatePrior;
+    for (int32_t d = 1; d < kDepthMax; ++d) out[d] = out[d - 1] * kRatePrior;
+    return out;
+  }();
+  return p;
+}
+
+}  // namespace
+
+int32_t anchor_class(int32_t source, int32_t kind, int64_t length, int32_t ham, int32_t extra) {
+  return (((source * 2 + kind) * kNumLengthClasses + length_class(length)) * 4 + ham) * kNumExtra + extra;
+}
+
+Learnt::Learnt()
+    : tries(static_cast<size_t>(kNumClasses) * kDepthMax, 0),
+      hits(static_cast<size_t>(kNumClasses) * kDepthMax, 0),
+      bin_nodes(kNumBins, 0),
+      bin_hits(kNumBins, 0),
+      rates(static_cast<size_t>(kNumClasses) * kDepthMax, 0.0),
+      rate0(kNumClasses, 0.0) {
+  for (int32_t c = 0; c < kNumClasses; ++c) update_rates(c);
+}
+
+void Learnt::update_rates(int32_t cls) {
+  // raw[d] = (hits + RATE_PRIOR_NODES * prior[d]) / (tries + RATE_PRIOR_NODES), then a running minimum over d.
+  const auto& p = prior();
+  const size_t base = static_cast<size_t>(cls) * kDepthMax;
+  for (int32_t d = 0; d < kDepthMax; ++d) {
+    const double num = static_cast<double>(hits[base + d]) + static_cast<double>(kRatePriorNodes) * p[d];
+    const double raw = num / static_cast<double>(tries[base + d] + kRatePriorNodes);
+    rates[base + d] = d == 0 ? raw : std::min(rates[base + d - 1], raw);
+  }
+  rate0[cls] = rates[base];
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Corpus (anchors.py: _Corpus)
+
+uint32_t TokenTable::probe(int32_t token) const {
+  const uint32_t mask = static_cast<uint32_t>(slots_.size() - 1);
+  uint32_t h = hash(token) & mask;
+  while (slots_[h].token != token && slots_[h].token != -1) h = (h + 1) & mask;
+  return h;
+}
+
+const TokenTable::Slot* TokenTable::find(int32_t token) const {
+  const Slot& e = slots_[probe(token)];
+  return e.token == token ? &e : nullptr;
+}
+
+TokenTable::Slot& TokenTable::insert(int32_t token) {
+  uint32_t h = probe(token);
+  if (slots_[h].token == token) return slots_[h];
+  if (2 * (used_ + 1) > static_cast<int64_t>(slots_.size())) {  // grow: re-insert every slot into twice the room
+    std::vector<Slot> old(2 * slots_.size(), Slot{-1, 0, 0});
+    old.swap(slots_);
+    used_ = 0;
+    for (const Slot& e : old)
+      if (e.token != -1) insert(e.token) = e;
+    h = probe(token);
+  }
+  ++used_;
+  return slots_[h] = Slot{token, 0, 0};
+}
+
+std::shared_ptr<const Corpus> Corpus::build(const std::vector<Span>& seqs, const std::vector<int64_t>& weights) {
+  auto c = std::make_shared<Corpus>();
+  int64_t total = 0;
+  for (const Span& s : seqs) total += s.size;
+  const int64_t wmax = weights.empty() ? 1 : *std::max_element(weights.begin(), weights.end());
+  c->tokens_.reserve(total);
+  c->starts_.assign(1, 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    c->tokens_.insert(c->tokens_.end(), seqs[i].data, seqs[i].data + seqs[i].size);
+    c->starts_.push_back(static_cast<int64_t>(c->tokens_.size()));
+    // 2w > wmax and 4w > wmax without overflow: for integers w, wmax >= 0, kw > wmax iff w > floor(wmax / k).
+    const int64_t w = weights[i];
+    c->wclass_.push_back(w > wmax / 2 ? 0 : w > wmax / 4 ? 1 : 2);
+  }
+  // Postings grouped by token: count per token (in hi), give each group its offset, then fill in (seq, j) order.
+  for (int32_t si = 0; si < c->num_seqs(); ++si) {
+    const Span s = c->sequence(si);
+    for (int64_t j = 1; j < s.size; ++j) ++c->table_.insert(s.data[j - 1]).hi;
+  }
+  int32_t offset = 0;
+  for (TokenTable::Slot& e : c->table_.slots()) {
+    e.lo = offset;
+    offset += e.hi;
+    e.hi = e.lo;
+  }
+  c->postings_.resize(offset);
+  for (int32_t si = 0; si < c->num_seqs(); ++si) {
+    const Span s = c->sequence(si);
+    for (int64_t j = 1; j < s.size; ++j)
+      c->postings_[c->table_.insert(s.data[j - 1]).hi++] = {si, static_cast<int32_t>(j)};
+  }
+  return c;
+}
+
+std::pair<const Posting*, const Posting*> Corpus::postings(int32_t token) const {
+  const TokenTable::Slot* e = table_.find(token);
+  if (!e) return {nullptr, nullptr};
+  return {postings_.data() + e->lo, postings_.data() + e->hi};
+}
+
+size_t Corpus::memory_bytes() const {
+  return sizeof(Corpus) + tokens_.capacity() * sizeof(int32_t) + starts_.capacity() * sizeof(int64_t) +
+         wclass_.capacity() + postings_.capacity() * sizeof(Posting) +
+         table_.slots().capacity() * sizeof(TokenTable::Slot);
+}
+
+std::string Corpus::check_integrity() const {
+  if (starts_.size() != wclass_.size() + 1) return "sequences and weight classes disagree";
+  int64_t expected = 0;
+  for (int32_t s = 0; s < num_seqs(); ++s) expected += std::max<int64_t>(sequence(s).size - 1, 0);
+  if (expected != static_cast<int64_t>(postings_.size())) return "postings and tokens disagree";
+  int64_t grouped = 0;
+  for (const TokenTable::Slot& e : table_.slots()) {
+    if (e.token == -1) continue;
+    if (table_.find(e.token) != &e) return "the token table loses token " + std::to_string(e.token);
+    for (int32_t k = e.lo; k < e.hi; ++k) {
+      const Posting& p = postings_[k];
+      if (p.seq < 0 || p.seq >= num_seqs()) return "a posting names no sequence";
+      const Span s = sequence(p.seq);
+      if (p.j <= 0 || p.j >= s.size || s.data[p.j - 1] != e.token)
+        return "a posting of token " + std::to_string(e.token) + " points elsewhere";
+      const Posting* q = k > e.lo ? &postings_[k - 1] : nullptr;
+      if (q && (p.seq < q->seq || (p.seq == q->seq && p.j <= q->j)))
+        return "postings of token " + std::to_string(e.token) + " are not oldest first";
+    }
+    grouped += e.hi - e.lo;
+  }
+  return grouped == expected ? "" : "the token table misses postings";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Candidates (anchors.py: _match, _agree, _candidates, _self_candidates, _anchors)
+
+namespace {
+
+// Largest l <= limit with seq[j-l, j) == ctx[n-l, n).
+int32_t match_length(const int32_t* seq, int64_t j, const int32_t* ctx, int64_t n, int64_t limit) {
+  const int64_t lim = std::min({limit, j, n});
+  int64_t l = 0;
+  while (l < lim && seq[j - 1 - l] == ctx[n - 1 - l]) ++l;
+  return static_cast<int32_t>(l);
+}
+
+// Aligned equal tokens seq[j-1-k] == ctx[n-1-k] for k in [start, HAM_WINDOW).
+int32_t agreement(const int32_t* seq, int64_t j, const int32_t* ctx, int64_t n, int64_t start) {
+  const int64_t stop = std::min<int64_t>({kHamWindow, j, n});
+  int32_t count = 0;
+  for (int64_t k = start; k < stop; ++k) count += seq[j - 1 - k] == ctx[n - 1 - k];
+  return count;
+}
+
+struct Found {  // a kept anchor: it drafts seq[j, seq_len)
+  int32_t cls;
+  int32_t length;
+  const int32_t* seq;
+  int64_t seq_len, j;
+};
+
+struct Ranked {  // a trie node's selection key (-score, depth, id), depth and id packed (id < 2^16)
+  double score;
+  int32_t depth_id;
+};
+
+struct Key {  // the reference's selection key (-rate0, source, kind, rank)
+  double rate0;   // learnt first-token rate of the anchor's class
+  int32_t index;  // into the found anchors, which are in (source, kind, rank) order
+};
+
+bool selected_before(const Key& a, const Key& b) {
+  return a.rate0 != b.rate0 ? a.rate0 > b.rate0 : a.index < b.index;
+}
+
+// What every candidate of one draft shares.
+struct Scan {
+  const Config& cfg;
+  const int32_t* ctx;  // [n] the request's context
+  int64_t n;
+  int64_t own;          // the request's offset in a stored sequence
+  const double* rate0;  // [kNumClasses]
+  std::vector<Found>& found;
+  std::vector<Key>& keys;
+
+  void keep(int32_t s, int32_t kind, const int32_t* seq, int64_t seq_len, int64_t j, int32_t length, int32_t agree,
+            int32_t extra) {
+    const int32_t cls = anchor_class(s, kind, length, ham_class(agree), extra);
+    keys.push_back({rate0[cls], static_cast<int32_t>(found.size())});
+    found.push_back({cls, length, seq, seq_len, j});
+  }
+};
+
+// One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
+// ctx[n - 1 - kind], those matching at least the source's minimum length.
+void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, const CorpusPtr* last) {
+  const int64_t n = sc.n;
+  if (n < 1 + kind) return;
+  const int32_t key = sc.ctx[n - 1 - kind];
+  const int32_t lmin = kind ? kSubMinMatch : s == kGlobal ? kGlobalMinMatch : sc.cfg.min_match;
+  int32_t seen = 0;
+  for (const CorpusPtr* it = last; it != first;) {
+    const Corpus& corpus = **--it;
+    const auto [lo, hi] = corpus.postings(key);
+    for (const Posting* p = hi; p != lo;) {
+      --p;
+      if (seen == kScan) return;
+      ++seen;
+      const Span seq = corpus.sequence(p->seq);
+      int64_t j = p->j;
+      if (kind) {
+        ++j;
+        if (j >= seq.size || seq.data[j - 1] == sc.ctx[n - 1]) continue;
+      }
+      const int32_t length = match_length(seq.data, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
+      if (length < lmin) continue;
+      int32_t extra = 0;
+      if (s != kGlobal) extra = offset_class(std::abs(j - sc.own)) + (s == kHistory ? 4 * corpus.wclass(p->seq) : 0);
+      sc.keep(s, kind, seq.data, seq.size, j, length, agreement(seq.data, j, sc.ctx, n, length + kind), extra);
+    }
+  }
+}
+
+// The request's own context, newest first, never the trivial match at its end: the earlier occurrences of
+// ctx[n - 1 - kind], found by following prev (prev[i]: the previous position of ctx[i]'s token, -1 if none).
+void scan_self(Scan& sc, int32_t kind, const int32_t* prev) {
+  const int64_t n = sc.n;
+  if (n < 2 + kind) return;
+  const int32_t lmin = kind ? kSubMinMatch : sc.cfg.min_match;
+  int32_t seen = 0, rank = 0;
+  for (int64_t p = prev[n - 1 - kind]; p >= 0; p = prev[p]) {  // ctx[p] == ctx[n - 1 - kind], p < n - 1 - kind
+    if (seen == kScan) break;
+    ++seen;
+    const int64_t j = p + 1 + kind;
+    if (kind && sc.ctx[j - 1] == sc.ctx[n - 1]) continue;
+    const int32_t length = match_length(sc.ctx, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
+    if (length < lmin) continue;
+    sc.keep(kSelf, kind, sc.ctx, n, j, length, agreement(sc.ctx, j, sc.ctx, n, length + kind), std::min(rank++, 3));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The trie of the chosen anchors' continuations (anchors.py: _draft)
+
+// [kDepthMax + 1] length_class of a node depth.
+const std::array<int8_t, kDepthMax + 1>& depth_class() {
+  static const std::array<int8_t, kDepthMax + 1> table = [] {
+    std::array<int8_t, kDepthMax + 1> out{};
+    for (int32_t d = 0; d <= kDepthMax; ++d) out[d] = static_cast<int8_t>(length_class(d));
+    return out;
+  }();
+  return table;
+}
+
+// The trie of one draft: its nodes (token, parent, depth, bin) are built straight into the pending draft that
+// will learn from them; child links, noisy-OR misses and scores live here.
+struct Trie {
+  std::vector<PendingNode>* nodes = nullptr;           // [size] node 0 is the root
+  std::array<int32_t, kMaxNodes> first_child, next_sibling;  // [size] children lists (-1 ends)
+  std::array<double, kMaxNodes> miss, score;                 // [size] score: only of the nodes ranked
+
+  int32_t size() const { return static_cast<int32_t>(nodes->size()); }
+
+  void reset(std::vector<PendingNode>& into) {
+    nodes = &into;
+    into.assign(1, PendingNode{0, 0, 0, 0});
+    first_child[0] = -1;
+  }
+
+  int32_t child(int32_t v, int32_t t) {  // the child of v for token t, created when missing
+    std::vector<PendingNode>& nd = *nodes;
+    for (int32_t c = first_child[v]; c >= 0; c = next_sibling[c])
+      if (nd[c].token == t) return c;
+    const int32_t c = size();
+    nd.push_back({t, static_cast<uint16_t>(v), static_cast<uint8_t>(nd[v].depth + 1), 0});
+    first_child[c] = -1;
+    next_sibling[c] = first_child[v];
+    first_child[v] = c;
+    miss[c] = 1.0;
+    return c;
+  }
+
+  // Every node's recalibration bin: (length class of its depth, score edges below its raw noisy-OR score).
+  void assign_bins() {
+    const auto& dclass = depth_class();
+    for (int32_t v = 1; v < size(); ++v) {
+      PendingNode& nd = (*nodes)[v];
+      nd.bin = static_cast<uint8_t>(dclass[nd.depth] * kNumScoreBins + score_bin(1.0 - miss[v]));
+    }
+  }
+
+  // Recalibrated score q = (bin_hits + 2 raw) / (bin_nodes + 2), at most the parent's score.
+  double score_of(int32_t v, const Learnt& learnt) const {
+    const double raw = 1.0 - miss[v];
+    const int32_t b = (*nodes)[v].bin;
+    const double q = (static_cast<double>(learnt.bin_hits[b]) + static_cast<double>(kRecalPriorNodes) * raw) /
+                     static_cast<double>(learnt.bin_nodes[b] + kRecalPriorNodes);
+    return std::min(q, score[(*nodes)[v].parent]);
+  }
+};
+
+}  // namespace
+
+// Buffers of one draft, reused from draft to draft (AnchorDrafter keeps a pool: no allocation once warm).
+struct Scratch {
+  std::vector<Found> found;
+  std::vector<Key> keys;
+  Trie trie;
+  std::vector<Ranked> heap;
+  std::vector<int32_t> top, order;
+  std::array<int32_t, kDepthMax + 2> depth_start;
+};
+
+AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg) {}
+AnchorDrafter::~AnchorDrafter() = default;
+
+namespace {
+
+// The first `budget` nodes by (-score, depth, id), in output order (depth, id). A child's key is always above its
+// parent's (its score is at most the parent's, its depth larger), so best-first from the root pops exactly those
+// nodes in key order; only the children of popped nodes are ever scored.
+void select_top(const Learnt& learnt, Scratch& s, int32_t budget) {
+  Trie& t = s.trie;
+  auto worse = [](const Ranked& a, const Ranked& b) {
+    return a.score != b.score ? a.score < b.score : a.depth_id > b.depth_id;
+  };
+  auto push_children = [&](int32_t v) {
+    for (int32_t c = t.first_child[v]; c >= 0; c = t.next_sibling[c]) {
+      t.score[c] = t.score_of(c, learnt);
+      s.heap.push_back({t.score[c], (*t.nodes)[c].depth << 16 | c});
+      std::push_heap(s.heap.begin(), s.heap.end(), worse);
+    }
+  };
+  s.heap.clear();
+  s.top.clear();
+  t.score[0] = 1.0;
+  push_children(0);
+  while (static_cast<int32_t>(s.top.size()) < budget && !s.heap.empty()) {
+    std::pop_heap(s.heap.begin(), s.heap.end(), worse);
+    s.top.push_back(s.heap.back().depth_id & 0xffff);
+    s.heap.pop_back();
+    if (static_cast<int32_t>(s.top.size()) < budget) push_children(s.top.back());
+  }
+  // Counting sort by depth; ids ascending within a depth (the selection is sorted by id first).
+  std::sort(s.top.begin(), s.top.end());
+  s.depth_start.fill(0);
+  for (int32_t v : s.top) ++s.depth_start[(*t.nodes)[v].depth + 1];
+  for (int32_t d = 1; d <= kDepthMax + 1; ++d) s.depth_start[d] += s.depth_start[d - 1];
+  s.order.resize(s.top.size());
+  for (int32_t v : s.top) s.order[s.depth_start[(*t.nodes)[v].depth]++] = v;
+}
+
+void fill_output(Scratch& s, int32_t match_len, DraftOut& out) {
+  const Trie& t = s.trie;
+  const size_t k = s.order.size();
+  s.top.assign(t.size(), -1);  // reused as node -> output index
+  out.tokens.resize(k);
+  out.parents.resize(k);
+  out.probs.resize(k);
+  for (size_t i = 0; i < k; ++i) {
+    const int32_t v = s.order[i];
+    const PendingNode& nd = (*t.nodes)[v];
+    s.top[v] = static_cast<int32_t>(i);
+    out.tokens[i] = nd.token;
+    out.parents[i] = nd.parent == 0 ? -1 : s.top[nd.parent];  // parents come first (smaller depth)
+    out.probs[i] = t.score[v];
+  }
+  out.match_len = match_len;
+  out.source = kAnchorSource;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sources
+
+void AnchorDrafter::set_history(const std::string& prompt_id, const std::vector<Span>& seqs,
+                                const std::vector<int64_t>& weights) {
+  // The facade passes newest first; a corpus is oldest first.
+  CorpusPtr corpus;
+  if (!seqs.empty())
+    corpus = Corpus::build(std::vector<Span>(seqs.rbegin(), seqs.rend()),
+                           std::vector<int64_t>(weights.rbegin(), weights.rend()));
+  std::unique_lock lock(sources_mu_);
+  sources_gen_.fetch_add(1, std::memory_order_release);
+  if (corpus) {
+    prompts_[prompt_id].history = std::move(corpus);
+    return;
+  }
+  auto it = prompts_.find(prompt_id);
+  if (it == prompts_.end()) return;
+  it->second.history.reset();
+  if (!it->second.siblings) prompts_.erase(it);
+}
+
+void AnchorDrafter::add_sibling(const std::string& prompt_id, Span seq, int64_t weight) {
+  CorpusPtr corpus = Corpus::build({seq}, {weight});
+  std::unique_lock lock(sources_mu_);
+  sources_gen_.fetch_add(1, std::memory_order_release);
+  PromptSources& entry = prompts_[prompt_id];
+  auto next = entry.siblings ? std::make_shared<std::vector<CorpusPtr>>(*entry.siblings)
+                             : std::make_shared<std::vector<CorpusPtr>>();
+  next->push_back(std::move(corpus));
+  entry.siblings = std::move(next);
+}
+
+void AnchorDrafter::clear_siblings() {
+  std::unique_lock lock(sources_mu_);
+  sources_gen_.fetch_add(1, std::memory_order_release);
+  for (auto it = prompts_.begin(); it != prompts_.end();) {
+    it->second.siblings.reset();
+    if (!it->second.history) it = prompts_.erase(it); else ++it;
+  }
+}
+
+void AnchorDrafter::add_global(int64_t key, const std::vector<Span>& seqs, const std::vector<int64_t>& weights) {
+  CorpusPtr corpus = Corpus::build(seqs, weights);
+  std::unique_lock lock(sources_mu_);
+  auto it = std::find_if(global_.begin(), global_.end(), [&](const auto& g) { return g.first == key; });
+  if (it != global_.end()) it->second = std::move(corpus); else global_.emplace_back(key, std::move(corpus));  // a dict
+  publish_global();
+}
+
+void AnchorDrafter::remove_global(int64_t key) {
+  std::unique_lock lock(sources_mu_);
+  auto it = std::find_if(global_.begin(), global_.end(), [&](const auto& g) { return g.first == key; });
+  if (it == global_.end()) return;
+  global_.erase(it);
+  publish_global();
+}
+
+void AnchorDrafter::publish_global() {
+  sources_gen_.fetch_add(1, std::memory_order_release);
+  auto list = std::make_shared<std::vector<CorpusPtr>>();
+  for (const auto& g : global_) list->push_back(g.second);
+  global_list_ = std::move(list);
+}
+
+void AnchorDrafter::refresh_sources(Request& req) const {
+  if (req.sources_gen == sources_gen_.load(std::memory_order_acquire)) return;
+  DraftSources src;
+  std::shared_lock lock(sources_mu_);
+  if (req.has_prompt && (cfg_.sources[kHistory] || cfg_.sources[kSiblings])) {
+    auto it = prompts_.find(req.prompt_id);
+    if (it != prompts_.end()) {
+      if (cfg_.sources[kHistory]) src.history = it->second.history;
+      if (cfg_.sources[kSiblings]) src.siblings = it->second.siblings;
+    }
+  }
+  if (cfg_.sources[kGlobal]) src.global = global_list_;
+  req.sources = std::move(src);
+  req.sources_gen = sources_gen_.load(std::memory_order_relaxed);  // writers bump it under the unique lock
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Requests
+
+namespace {
+
+std::string check_pending(const Pending& p, int64_t ctx_len) {
+  if (p.pos < 0 || p.pos > ctx_len) return "a pending draft lies beyond the context";
+  if (p.nodes.empty() || p.anchors.empty()) return "a pending draft without nodes or anchors";
+  for (size_t u = 1; u < p.nodes.size(); ++u) {
+    const PendingNode& nd = p.nodes[u];
+    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > kDepthMax || nd.bin >= kNumBins ||
+        nd.bin / kNumScoreBins != length_class(nd.depth))
+      return "a pending trie node is inconsistent";
+  }
+  for (const PendingAnchor& a : p.anchors)
+    if (a.cls < 0 || a.cls >= kNumClasses || a.leaf == 0 || a.leaf >= p.nodes.size())
+      return "a pending anchor is out of range";
+  return "";
+}
+
+}  // namespace
+
+void Request::append(Span tokens) {
+  for (int64_t i = 0; i < tokens.size; ++i) {
+    const int32_t t = tokens.data[i];
+    if (track_self) {
+      TokenTable::Slot& e = last.insert(t);  // a new token's slot has lo = 0: no earlier position
+      prev.push_back(e.lo - 1);
+      e.lo = static_cast<int32_t>(ctx.size()) + 1;
+    }
+    ctx.push_back(t);
+  }
+}
+
+std::string Request::check_integrity() const {
+  for (const Pending& p : pending) {
+    const std::string h = check_pending(p, static_cast<int64_t>(ctx.size()));
+    if (!h.empty()) return h;
+    if (static_cast<int64_t>(ctx.size()) - p.pos >= kDepthMax) return "a due draft is pending";
+  }
+  if (!track_self) return prev.empty() ? "" : "occurrences kept without the self source";
+  if (prev.size() != ctx.size()) return "previous occurrences and context disagree";
+  std::unordered_map<int32_t, int32_t> seen;  // token -> its last position so far
+  for (size_t i = 0; i < ctx.size(); ++i) {
+    const auto [it, fresh] = seen.try_emplace(ctx[i], static_cast<int32_t>(i));
+    if (prev[i] != (fresh ? -1 : it->second)) return "the previous occurrence at " + std::to_string(i) + " is wrong";
+    it->second = static_cast<int32_t>(i);
+  }
+  size_t tokens = 0;
+  for (const TokenTable::Slot& e : last.slots()) {
+    if (e.token == -1) continue;
+    ++tokens;
+    const auto it = seen.find(e.token);
+    if (it == seen.end() || it->second != e.lo - 1) return "last occurrence of " + std::to_string(e.token) + " wrong";
+  }
+  return tokens == seen.size() ? "" : "last occurrences are missing";
+}
+
+void AnchorDrafter::start(const std::string& req_id, const std::string* prompt_id, Span prompt_tokens) {
+  auto req = std::make_shared<Request>();
+  req->has_prompt = prompt_id != nullptr;
+  if (prompt_id) req->prompt_id = *prompt_id;
+  req->track_self = cfg_.sources[kSelf];
+  req->append(prompt_tokens);
+  req->prompt_len = prompt_tokens.size;
+  std::unique_lock lock(requests_mu_);
+  requests_[req_id] = std::move(req);  // a restarted id drops its pending drafts unlearnt, as the reference does
+}
+
+std::shared_ptr<Request> AnchorDrafter::find_request(const std::string& req_id) const {
+  std::shared_lock lock(requests_mu_);
+  auto it = requests_.find(req_id);
+  if (it == requests_.end()) throw std::out_of_range(req_id);
+  return it->second;
+}
+
+bool AnchorDrafter::has_request(const std::string& req_id) const {
+  std::shared_lock lock(requests_mu_);
+  return requests_.count(req_id) > 0;
+}
+
+void AnchorDrafter::extend(const std::string& req_id, Span tokens) {
+  auto req = find_request(req_id);
+  std::lock_guard lock(req->mu);
+  req->append(tokens);
+  resolve(*req, false);
+}
+
+void AnchorDrafter::remove_request(const std::string& req_id) {
+  std::shared_ptr<Request> req;
+  {
+    std::unique_lock lock(requests_mu_);
+    auto it = requests_.find(req_id);
+    if (it == requests_.end()) return;
+    req = std::move(it->second);
+    requests_.erase(it);
+  }
+  std::lock_guard lock(req->mu);
+  resolve(*req, true);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Learning (anchors.py: _resolve): every pending draft whose next kDepthMax tokens are known (all when final).
+
+namespace {
+
+constexpr size_t kMaxSpare = 2 * kDepthMax;  // resolved drafts kept per request for their buffers
+
+// One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax).
+void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
+  std::array<uint8_t, kMaxNodes> hit;  // [nodes] on the path of the realised tokens (the root included)
+  hit[0] = 1;
+  for (size_t u = 1; u < p.nodes.size(); ++u) {  // parents come before their children
+    const PendingNode& nd = p.nodes[u];
+    hit[u] = nd.depth <= avail && hit[nd.parent] && nd.token == actual[nd.depth - 1];
+  }
+  std::array<int32_t, kMaxAnchors> touched;  // [anchors] their classes
+  for (size_t a = 0; a < p.anchors.size(); ++a) {
+    const PendingAnchor& anchor = p.anchors[a];
+    int32_t u = anchor.leaf;
+    while (!hit[u]) u = p.nodes[u].parent;  // the deepest realised node of the anchor's path: its matched length
+    int64_t* tries = L.tries.data() + static_cast<size_t>(anchor.cls) * kDepthMax;  // [kDepthMax]
+    int64_t* hits = L.hits.data() + static_cast<size_t>(anchor.cls) * kDepthMax;
+    for (int64_t d = 0; d < avail; ++d) ++tries[d];
+    for (int32_t d = 0; d < p.nodes[u].depth; ++d) ++hits[d];
+    touched[a] = anchor.cls;
+  }
+  for (size_t u = 1; u < p.nodes.size(); ++u) {
+    if (p.nodes[u].depth > avail) continue;
+    ++L.bin_nodes[p.nodes[u].bin];
+    L.bin_hits[p.nodes[u].bin] += hit[u];
+  }
+  auto* end = touched.begin() + p.anchors.size();
+  std::sort(touched.begin(), end);
+  for (auto* it = touched.begin(); it != end; it = std::upper_bound(it, end, *it)) L.update_rates(*it);
+}
+
+}  // namespace
+
+void AnchorDrafter::resolve(Request& req, bool final) {
+  const int64_t n = static_cast<int64_t>(req.ctx.size());
+  auto due = [&](const Pending& p) { return final || n - p.pos >= kDepthMax; };
+  if (std::none_of(req.pending.begin(), req.pending.end(), due)) return;
+  size_t kept = 0;
+  {
+    std::unique_lock lock(stats_mu_);
+    for (size_t i = 0; i < req.pending.size(); ++i) {
+      Pending& p = req.pending[i];
+      if (due(p)) {
+        learn(p, req.ctx.data() + p.pos, std::min<int64_t>(n - p.pos, kDepthMax), learnt_);
+      } else {
+        if (kept != i) std::swap(req.pending[kept], p);  // keeps the order of the pending ones
+        ++kept;
+      }
+    }
+  }
+  for (size_t i = kept; i < req.pending.size() && req.spare.size() < kMaxSpare; ++i)
+    req.spare.push_back(std::move(req.pending[i]));
+  req.pending.resize(kept);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Drafting (anchors.py: _anchors, _draft)
+
+namespace {
+
+// Every kept anchor of the request into the scratch (anchors.py: _anchors).
+void collect(const Config& cfg, const Learnt& learnt, const Request& req, Scratch& s) {
+  const DraftSources& src = req.sources;
+  const int64_t n = static_cast<int64_t>(req.ctx.size());
+  const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
+  Scan sc{cfg, req.ctx.data(), n, own, learnt.rate0.data(), s.found, s.keys};
+  auto scan_list = [&](int32_t source, const CorpusPtr* first, const CorpusPtr* last) {
+    if (first != last)
+      for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, source, kind, first, last);
+  };
+  // In (source, kind, rank) order, so that a found anchor's index breaks ties of the learnt rate.
+  if (src.history) scan_list(kHistory, &src.history, &src.history + 1);
+  if (src.siblings) scan_list(kSiblings, src.siblings->data(), src.siblings->data() + src.siblings->size());
+  if (cfg.sources[kSelf])
+    for (int32_t kind = 0; kind < 2; ++kind) scan_self(sc, kind, req.prev.data());
+  if (src.global) scan_list(kGlobal, src.global->data(), src.global->data() + src.global->size());
+}
+
+// The best kMaxAnchors by learnt first-token rate; each continuation's nodes multiply their miss by (1 - rate),
+// building the trie into the pending draft p.
+void build_trie(const Learnt& learnt, Scratch& s, int32_t budget, Pending& p) {
+  const size_t num = std::min<size_t>(s.keys.size(), kMaxAnchors);
+  std::partial_sort(s.keys.begin(), s.keys.begin() + num, s.keys.end(), selected_before);
+  const int64_t reach = std::min(budget, kDepthMax);
+  Trie& t = s.trie;
+  p.nodes.reserve(1 + num * reach);  // at most every continuation's whole path: no reallocation while building
+  t.reset(p.nodes);
+  p.anchors.clear();
+  for (size_t a = 0; a < num; ++a) {
+    const Found& f = s.found[s.keys[a].index];
+    const double* rate = learnt.rates.data() + static_cast<size_t>(f.cls) * kDepthMax;  // [kDepthMax]
+    const int64_t len = std::min(reach, f.seq_len - f.j);
+    int32_t v = 0;
+    for (int64_t d = 0; d < len; ++d) {
+      v = t.child(v, f.seq[f.j + d]);
+      t.miss[v] *= 1.0 - rate[d];
+    }
+    p.anchors.push_back({f.cls, static_cast<uint16_t>(v)});
+  }
+  t.assign_bins();
+}
+
+}  // namespace
+
+void AnchorDrafter::draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out) {
+  out = DraftOut();
+  if (budget <= 0) return;
+  refresh_sources(req);
+  s.found.clear();
+  s.keys.clear();
+  Pending p;
+  {
+    std::shared_lock lock(stats_mu_);
+    collect(cfg_, learnt_, req, s);
+    if (s.found.empty()) return;
+    if (!req.spare.empty()) {  // reuse a resolved draft's buffers
+      p = std::move(req.spare.back());
+      req.spare.pop_back();
+    }
+    build_trie(learnt_, s, budget, p);
+    select_top(learnt_, s, budget);
+  }
+  fill_output(s, s.found[s.keys[0].index].length, out);
+  p.pos = static_cast<int64_t>(req.ctx.size());
+  req.pending.push_back(std::move(p));  // after fill_output: the trie's nodes are p's
+}
+
+std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>& req_ids,
+                                                 const std::vector<int32_t>& budgets, std::vector<int64_t>* ns) {
+  std::vector<std::shared_ptr<Request>> reqs;
+  reqs.reserve(req_ids.size());
+  for (const auto& id : req_ids) reqs.push_back(find_request(id));
+  std::vector<DraftOut> out(req_ids.size());
+  if (ns) ns->assign(reqs.size(), 0);
+  std::unique_ptr<Scratch> scratch;
+  {
+    std::lock_guard lock(scratch_mu_);
+    if (!scratch_pool_.empty()) {
+      scratch = std::move(scratch_pool_.back());
+      scratch_pool_.pop_back();
+    }
+  }
+  if (!scratch) scratch = std::make_unique<Scratch>();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      std::lock_guard lock(reqs[i]->mu);
+      draft_one(*reqs[i], budgets[i], *scratch, out[i]);
+    }
+    if (ns)
+      (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::lock_guard lock(scratch_mu_);
+  scratch_pool_.push_back(std::move(scratch));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Introspection
+
+std::array<std::vector<int64_t>, 4> AnchorDrafter::learnt_counts() const {
+  std::shared_lock lock(stats_mu_);
+  return {learnt_.tries, learnt_.hits, learnt_.bin_nodes, learnt_.bin_hits};
+}
+
+size_t AnchorDrafter::memory_bytes() const {
+  size_t total = sizeof(AnchorDrafter) + 2 * learnt_.tries.size() * sizeof(int64_t) +
+                 learnt_.rates.size() * sizeof(double) + 2 * kNumBins * sizeof(int64_t);
+  {
+    std::shared_lock lock(sources_mu_);
+    for (const auto& [id, e] : prompts_) {
+      total += id.capacity() + sizeof(PromptSources);
+      if (e.history) total += e.history->memory_bytes();
+      if (e.siblings)
+        for (const auto& c : *e.siblings) total += c->memory_bytes();
+    }
+    for (const auto& g : global_) total += g.second->memory_bytes();
+  }
+  std::shared_lock lock(requests_mu_);
+  for (const auto& [id, r] : requests_) {
+    std::lock_guard rl(r->mu);
+    total += id.capacity() + sizeof(Request) + r->ctx.capacity() * sizeof(int32_t);
+    total += r->prev.capacity() * sizeof(int32_t) + r->last.slots().capacity() * sizeof(TokenTable::Slot);
+    for (const auto* list : {&r->pending, &r->spare})
+      for (const Pending& p : *list)
+        total += sizeof(Pending) + p.nodes.capacity() * sizeof(PendingNode) +
+                 p.anchors.capacity() * sizeof(PendingAnchor);
+  }
+  return total;
+}
+
+
+std::string AnchorDrafter::check_integrity() const {
+  {
+    std::shared_lock lock(stats_mu_);
+    const Learnt& L = learnt_;
+    for (size_t i = 0; i < L.tries.size(); ++i)
+      if (L.hits[i] > L.tries[i] || L.hits[i] < 0) return "a learnt hit count exceeds its tries";
+    for (int32_t b = 0; b < kNumBins; ++b)
+      if (L.bin_hits[b] > L.bin_nodes[b] || L.bin_hits[b] < 0) return "a learnt hit count exceeds its tries";
+    for (int32_t c = 0; c < kNumClasses; ++c) {
+      const size_t base = static_cast<size_t>(c) * kDepthMax;
+      for (int32_t d = 1; d < kDepthMax; ++d) {
+        if (L.tries[base + d] > L.tries[base + d - 1]) return "tries grow with depth";
+        if (L.rates[base + d] > L.rates[base + d - 1]) return "rates grow with depth";
+      }
+    }
+  }
+  {
+    std::shared_lock lock(sources_mu_);
+    for (const auto& [id, e] : prompts_) {
+      if (!e.history && !e.siblings) return "prompt " + id + " has neither history nor siblings";
+      if (e.history) {
+        const std::string h = e.history->check_integrity();
+        if (!h.empty()) return "history[" + id + "]: " + h;
+      }
+      if (e.siblings)
+        for (const auto& c : *e.siblings) {
+          const std::string h = c->check_integrity();
+          if (!h.empty()) return "siblings[" + id + "]: " + h;
+        }
+    }
+    if ((global_list_ ? global_list_->size() : 0) != global_.size()) return "global list and corpora disagree";
+    for (const auto& [key, c] : global_) {
+      const std::string h = c->check_integrity();
+      if (!h.empty()) return "global[" + std::to_string(key) + "]: " + h;
+    }
+  }
+  std::shared_lock lock(requests_mu_);
+  for (const auto& [id, r] : requests_) {
+    std::lock_guard rl(r->mu);
+    const std::string h = r->check_integrity();
+    if (!h.empty()) return "request " + id + ": " + h;
+  }
+  return "";
+}
+
+}  // namespace anchors
+}  // namespace histospec

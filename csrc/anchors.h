@@ -1,0 +1,219 @@
+// The native backend of the anchor scorer (DrafterConfig.scorer="anchors"): the same drafts, bit for bit, and the
+// same learnt statistics as the pure-Python reference sglang_histospec/drafting/anchors.py, which is the
+// specification (its constants and every formula are mirrored here; doubles are computed in the same order).
+//
+// An anchor is a position in a source whose preceding tokens match the end of a request's context, exactly or up
+// to one substituted last token. Its class's per-depth hit rates are learnt online; a trie of the best anchors'
+// continuations scores each node by the noisy-OR of its anchors' rates, recalibrated per (depth, score) bin.
+//
+// Locking (no snapshots of whole structures): sources are immutable corpora held by shared_ptr and swapped under
+// sources_mu_ (each change bumps a generation; a request re-reads its corpora only when it moved), so a draft
+// keeps reading the ones it took; each request has its own mutex; the learnt tables are read under a shared lock
+// of stats_mu_ while drafting and written under its unique lock when drafts resolve (in extend, remove_request).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "drafter.h"
+#include "index.h"
+
+namespace histospec {
+namespace anchors {
+
+constexpr int32_t kDepthMax = 32;       // DEPTH_MAX: deepest drafted node, and tokens after a draft it learns from
+constexpr int32_t kScan = 256;          // SCAN: candidate positions examined per source and kind
+constexpr int32_t kMaxAnchors = 48;     // MAX_ANCHORS: anchors per draft
+constexpr int32_t kHamWindow = 16;      // HAM_WINDOW: aligned tokens compared for the agreement feature
+constexpr int32_t kSubMinMatch = 2;     // SUB_MIN_MATCH
+constexpr int32_t kGlobalMinMatch = 3;  // GLOBAL_MIN_MATCH
+constexpr std::array<int32_t, 7> kLengthEdges{2, 3, 4, 6, 9, 13, 21};
+constexpr std::array<double, 14> kScoreEdges{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99};
+constexpr double kRatePrior = 0.6;
+constexpr int64_t kRatePriorNodes = 4;
+constexpr int64_t kRecalPriorNodes = 2;
+constexpr int32_t kNumExtra = 12;
+constexpr int32_t kNumLengthClasses = static_cast<int32_t>(kLengthEdges.size()) + 1;  // 8
+constexpr int32_t kNumScoreBins = static_cast<int32_t>(kScoreEdges.size()) + 1;       // 15
+constexpr int32_t kNumClasses = kNumSources * 2 * kNumLengthClasses * 4 * kNumExtra;   // 3072
+constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins;                         // 120
+constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most
+constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor draft ("anchors")
+
+int32_t length_class(int64_t n);
+int32_t anchor_class(int32_t source, int32_t kind, int64_t length, int32_t ham, int32_t extra);
+
+struct Posting {
+  int32_t seq;  // sequence index (oldest first)
+  int32_t j;    // seqs[seq][j - 1] is the posting's token, j < len(seqs[seq])
+};
+
+// Open-addressing hash table token -> a range [lo, hi) of int32 (at most half full; grows by doubling).
+class TokenTable {
+ public:
+  struct Slot {
+    int32_t token;  // -1 = empty
+    int32_t lo, hi;
+  };
+  const Slot* find(int32_t token) const;
+  Slot& insert(int32_t token);  // the token's slot, added with lo = hi = 0 when missing
+  std::vector<Slot>& slots() { return slots_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+
+ private:
+  uint32_t probe(int32_t token) const;  // the token's slot, or the empty one where it would go
+  static uint32_t hash(int32_t t) {
+    const uint32_t h = static_cast<uint32_t>(t) * 2654435761u;
+    return h ^ (h >> 15);
+  }
+  std::vector<Slot> slots_ = std::vector<Slot>(16, Slot{-1, 0, 0});
+  int64_t used_ = 0;
+};
+
+// Immutable sequences (oldest first) with weight classes and postings token -> [(seq, j)], oldest first.
+class Corpus {
+ public:
+  static std::shared_ptr<const Corpus> build(const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
+
+  int32_t num_seqs() const { return static_cast<int32_t>(wclass_.size()); }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  Span sequence(int32_t s) const { return {tokens_.data() + starts_[s], starts_[s + 1] - starts_[s]}; }
+  int32_t wclass(int32_t s) const { return wclass_[s]; }
+  // Postings of `token`, oldest first (empty when it never precedes a token).
+  std::pair<const Posting*, const Posting*> postings(int32_t token) const;
+
+  size_t memory_bytes() const;
+  std::string check_integrity() const;  // debug: "" when every posting points at its token
+
+ private:
+  std::vector<int32_t> tokens_;    // [tokens] the sequences concatenated
+  std::vector<int64_t> starts_;    // [seqs + 1] start of each sequence in tokens_
+  std::vector<int8_t> wclass_;     // [seqs] 0 if 2w > wmax, 1 if 4w > wmax, else 2
+  std::vector<Posting> postings_;  // [tokens - nonempty seqs] grouped by token, oldest first within a group
+  TokenTable table_;               // token -> its group postings_[lo, hi)
+};
+
+using CorpusPtr = std::shared_ptr<const Corpus>;
+using CorpusList = std::shared_ptr<const std::vector<CorpusPtr>>;  // oldest first, replaced whole (copy on write)
+
+struct DraftSources {  // the corpora one draft reads (null: none), each list oldest first
+  CorpusPtr history;
+  CorpusList siblings, global;
+};
+
+// A draft's trie as kept until its outcome is known: enough to replay the reference's learning step.
+struct PendingNode {
+  int32_t token;
+  uint16_t parent;  // node index (0 = root); a trie has at most kMaxNodes nodes
+  uint8_t depth;
+  uint8_t bin;      // length_class(depth) * kNumScoreBins + score bin
+};
+
+struct PendingAnchor {
+  int32_t cls;
+  uint16_t leaf;  // trie node of the anchor's last continuation token
+};
+
+struct Pending {
+  int64_t pos = 0;                     // context length when drafted
+  std::vector<PendingNode> nodes;      // [nodes] node 0 is the root
+  std::vector<PendingAnchor> anchors;  // [chosen anchors] in anchor order
+};
+
+struct Request {
+  std::mutex mu;
+  bool has_prompt = false;
+  std::string prompt_id;
+  std::vector<int32_t> ctx;  // [n] prompt tokens + generated
+  int64_t prompt_len = 0;
+  bool track_self = false;       // the self source is on: keep prev and last
+  std::vector<int32_t> prev;     // [n] previous position of ctx[i]'s token, -1 for its first
+  TokenTable last;               // token -> lo = 1 + its last position in ctx (hi unused)
+  std::vector<Pending> pending;  // unresolved drafts, oldest first
+  std::vector<Pending> spare;    // resolved ones, kept for their capacity
+  uint64_t sources_gen = 0;      // AnchorDrafter's sources generation `sources` was read at (0: never)
+  DraftSources sources;          // the corpora of the last draft (kept alive until the next refresh)
+
+  void append(Span tokens);
+  std::string check_integrity() const;  // debug: "" when prev, last and the pending drafts are consistent
+};
+
+struct Scratch;  // the buffers of one draft (anchors.cc)
+
+struct Config {
+  int32_t min_match = 1;
+  int32_t max_match = 32;
+  int32_t prompt_tail = 4;
+  std::array<bool, kNumSources> sources{true, true, true, true};
+};
+
+// Learnt counts (int64, as the reference's numpy tables) and the rates derived from them.
+struct Learnt {
+  std::vector<int64_t> tries, hits;          // [kNumClasses * kDepthMax]
+  std::vector<int64_t> bin_nodes, bin_hits;  // [kNumBins]
+  std::vector<double> rates;                 // [kNumClasses * kDepthMax] shrunk to the prior, running minimum
+  std::vector<double> rate0;                 // [kNumClasses] rates at depth 0 (the anchors' selection key)
+  Learnt();
+  void update_rates(int32_t cls);
+};
+
+class AnchorDrafter {
+ public:
+  explicit AnchorDrafter(const Config& cfg);
+  ~AnchorDrafter();
+
+  void set_history(const std::string& prompt_id, const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
+  void add_sibling(const std::string& prompt_id, Span seq, int64_t weight);
+  void clear_siblings();
+  void add_global(int64_t key, const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
+  void remove_global(int64_t key);
+
+  void start(const std::string& req_id, const std::string* prompt_id, Span prompt_tokens);
+  void extend(const std::string& req_id, Span tokens);
+  void remove_request(const std::string& req_id);
+  bool has_request(const std::string& req_id) const;
+  // One draft per request; call without the GIL. Unknown request ids raise std::out_of_range. `ns`, when given,
+  // receives each request's draft wall time in nanoseconds (benchmarks).
+  std::vector<DraftOut> draft_batch(const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets,
+                                    std::vector<int64_t>* ns = nullptr);
+
+  // Debug: copies of the learnt counts (tries, hits [kNumClasses * kDepthMax], bin_nodes, bin_hits [kNumBins]).
+  std::array<std::vector<int64_t>, 4> learnt_counts() const;
+  size_t memory_bytes() const;
+  std::string check_integrity() const;
+
+ private:
+  struct PromptSources {
+    CorpusPtr history;                        // null = none
+    CorpusList siblings;                      // null = none
+  };
+
+  std::shared_ptr<Request> find_request(const std::string& req_id) const;
+  void refresh_sources(Request& req) const;  // req.sources := the current corpora, unless they did not change
+  void draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out);
+  void resolve(Request& req, bool final);
+  void publish_global();  // global_list_ := global_'s corpora (under a unique lock of sources_mu_)
+
+  Config cfg_;
+  mutable std::shared_mutex sources_mu_;  // guards prompts_, global_ and global_list_ (not the corpora: immutable)
+  std::atomic<uint64_t> sources_gen_{1};   // bumped (under sources_mu_) by every change of the sources
+  std::unordered_map<std::string, PromptSources> prompts_;
+  std::vector<std::pair<int64_t, CorpusPtr>> global_;  // insertion order
+  CorpusList global_list_;                              // global_'s corpora, oldest first
+  mutable std::shared_mutex requests_mu_;
+  std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
+  mutable std::shared_mutex stats_mu_;
+  Learnt learnt_;
+  std::mutex scratch_mu_;
+  std::vector<std::unique_ptr<Scratch>> scratch_pool_;  // one per draft_batch running at a time
+};
+
+}  // namespace anchors
+}  // namespace histospec

@@ -1,0 +1,107 @@
+"""Native (C++17) backend of the anchor scorer: the drafts and learnt statistics of ``AnchorIndex``, bit for bit.
+
+``NativeAnchorIndex`` wraps ``_native.AnchorDrafter`` (sources: ``csrc/anchors.{h,cc}``); the pure-Python
+``AnchorIndex`` (``anchors.py``) is its specification. Importing this module raises ImportError when the extension
+was not built or predates the anchor scorer (the facade then falls back to ``AnchorIndex``).
+
+Example (the example of ``anchors.py``)::
+
+    idx = NativeAnchorIndex(min_match=1, max_match=32, prompt_tail=1, sources=("history",))
+    idx.set_history("p", [np.array([7, 1, 2, 3], dtype=np.int32)], [WEIGHT_ONE])
+    idx.start("r", "p", [5, 7]); idx.draft_batch(["r"], [2])[0][0]   # [1, 2]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sglang_histospec.core import _native
+from sglang_histospec.drafting import anchors
+from sglang_histospec.drafting.native import _as_i32
+from sglang_histospec.drafting.reference import DraftTuple
+from sglang_histospec.drafting.types import SOURCES
+
+if getattr(_native, "ABI_VERSION", 0) < 3:  # built before the anchor scorer: rebuild with `make install`
+    raise ImportError(f"sglang_histospec.core._native has no AnchorDrafter (ABI_VERSION={_native.ABI_VERSION})")
+_stale = {k: v for k, v in _native.ANCHOR_CONSTANTS.items() if getattr(anchors, k) != v}
+if _stale:  # csrc/anchors.h no longer mirrors anchors.py: rebuild, or update its constants
+    raise ImportError(f"the native anchor scorer was built with other constants than anchors.py: {_stale}")
+
+
+class NativeAnchorIndex:
+    """Native backend of the anchor scorer; same interface as ``AnchorIndex`` (``docs/drafting.md`` section 9).
+
+    Sources are immutable corpora (tokens, postings token -> positions) swapped in under a lock, so a draft keeps
+    reading the ones it started with; ``draft_batch`` drafts the whole batch without the GIL; the learnt tables
+    are shared by all requests and updated when a draft's outcome is known (in ``extend`` and ``remove_request``).
+    """
+
+    backend = "native"
+
+    def __init__(self, *, min_match: int, max_match: int, prompt_tail: int, sources: tuple[str, ...]) -> None:
+        unknown = [s for s in sources if s not in SOURCES]
+        if unknown:
+            raise ValueError(f"unknown source {unknown[0]!r}: expected a subset of {SOURCES}")
+        lows = {"min_match": (min_match, 1), "max_match": (max_match, min_match), "prompt_tail": (prompt_tail, 0)}
+        for name, (value, low) in lows.items():
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{name}={value!r}: expected an int >= {low}")
+        self.min_match, self.max_match, self.prompt_tail = int(min_match), int(max_match), int(prompt_tail)
+        self.sources = tuple(s for s in SOURCES if s in sources)
+        self._impl = _native.AnchorDrafter(
+            min_match=self.min_match,
+            max_match=self.max_match,
+            prompt_tail=self.prompt_tail,
+            sources=list(self.sources),
+        )
+
+    # ---- sources -------------------------------------------------------------------------------------------
+    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
+        self._impl.set_history(prompt_id, [_as_i32(s) for s in sequences], [int(w) for w in weights])
+
+    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
+        self._impl.add_sibling(prompt_id, _as_i32(sequence), int(weight))
+
+    def clear_siblings(self) -> None:
+        self._impl.clear_siblings()
+
+    def add_global(self, key: int, sequences, weights: list[int]) -> None:
+        self._impl.add_global(int(key), [_as_i32(s) for s in sequences], [int(w) for w in weights])
+
+    def remove_global(self, key: int) -> None:
+        self._impl.remove_global(int(key))
+
+    # ---- requests ------------------------------------------------------------------------------------------
+    def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
+        if isinstance(prompt_tokens, np.ndarray):
+            self._impl.start_array(req_id, prompt_id, _as_i32(prompt_tokens))
+        else:
+            self._impl.start(req_id, prompt_id, prompt_tokens)
+
+    def extend(self, req_id: str, tokens: list[int]) -> None:
+        if isinstance(tokens, np.ndarray):
+            self._impl.extend_array(req_id, _as_i32(tokens))
+        else:
+            self._impl.extend(req_id, tokens)
+
+    def remove_request(self, req_id: str) -> None:
+        self._impl.remove_request(req_id)
+
+    def has_request(self, req_id: str) -> bool:
+        return self._impl.has_request(req_id)
+
+    def draft_batch(self, req_ids: list[str], budgets: list[int]) -> list[DraftTuple]:
+        return self._impl.draft_batch(req_ids, budgets)
+
+    # ---- accounting and checks ------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        return int(self._impl.memory_bytes())
+
+    def learnt_counts(self) -> dict[str, np.ndarray]:
+        """Debug: copies of the learnt tables, named as ``AnchorIndex``'s attributes: ``tries`` and ``hits``
+        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` [length classes, score bins], all int64."""
+        return dict(zip(("tries", "hits", "bin_nodes", "bin_hits"), self._impl.learnt_counts(), strict=True))
+
+    def check_integrity(self) -> str | None:
+        """Debug: walks every corpus, pending draft and learnt table; None when all invariants hold."""
+        return self._impl.check_integrity() or None
