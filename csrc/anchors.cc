@@ -302,13 +302,14 @@ const std::array<int8_t, kDepthMax + 1>& depth_class() {
 struct Trie {
   std::vector<PendingNode>* nodes = nullptr;           // [size] node 0 is the root
   std::array<int32_t, kMaxNodes> first_child, next_sibling;  // [size] children lists (-1 ends)
-  std::array<double, kMaxNodes> miss, score;                 // [size] score: only of the nodes ranked
+  std::array<double, kMaxNodes> miss, best, score;           // [size] best: its anchors' largest rate; score: ranked only
 
   int32_t size() const { return static_cast<int32_t>(nodes->size()); }
 
   void reset(std::vector<PendingNode>& into) {
     nodes = &into;
     into.assign(1, PendingNode{0, 0, 0, 0});
+    best[0] = 0.0;
     first_child[0] = -1;
   }
 
@@ -322,15 +323,18 @@ struct Trie {
     next_sibling[c] = first_child[v];
     first_child[v] = c;
     miss[c] = 1.0;
+    best[c] = 0.0;
     return c;
   }
 
-  // Every node's recalibration bin: (length class of its depth, score edges below its raw noisy-OR score).
+  // Every node's recalibration bin: (length class of its depth, score edges below its raw noisy-OR score, score
+  // edges below its best anchor's rate).
   void assign_bins() {
     const auto& dclass = depth_class();
     for (int32_t v = 1; v < size(); ++v) {
       PendingNode& nd = (*nodes)[v];
-      nd.bin = static_cast<uint8_t>(dclass[nd.depth] * kNumScoreBins + score_bin(1.0 - miss[v]));
+      const int32_t raw_bin = dclass[nd.depth] * kNumScoreBins + score_bin(1.0 - miss[v]);
+      nd.bin = static_cast<uint16_t>(raw_bin * kNumScoreBins + score_bin(best[v]));
     }
   }
 
@@ -508,7 +512,7 @@ std::string check_pending(const Pending& p, int64_t ctx_len) {
   for (size_t u = 1; u < p.nodes.size(); ++u) {
     const PendingNode& nd = p.nodes[u];
     if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > kDepthMax || nd.bin >= kNumBins ||
-        nd.bin / kNumScoreBins != length_class(nd.depth))
+        nd.bin / (kNumScoreBins * kNumScoreBins) != length_class(nd.depth))
       return "a pending trie node is inconsistent";
   }
   for (const PendingAnchor& a : p.anchors)
@@ -699,6 +703,7 @@ void build_trie(const Learnt& learnt, Scratch& s, int32_t budget, Pending& p) {
     for (int64_t d = 0; d < len; ++d) {
       v = t.child(v, f.seq[f.j + d]);
       t.miss[v] *= 1.0 - rate[d];
+      t.best[v] = std::max(t.best[v], rate[d]);
     }
     p.anchors.push_back({f.cls, static_cast<uint16_t>(v)});
   }

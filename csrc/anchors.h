@@ -4,7 +4,7 @@
 //
 // An anchor is a position in a source whose preceding tokens match the end of a request's context, exactly or up
 // to one substituted last token. Its class's per-depth hit rates are learnt online; a trie of the best anchors'
-// continuations scores each node by the noisy-OR of its anchors' rates, recalibrated per (depth, score) bin.
+// continuations scores each node by the noisy-OR of its anchors' rates, recalibrated per (depth, score, best rate) bin.
 //
 // Locking (no snapshots of whole structures): sources are immutable corpora held by shared_ptr and swapped under
 // sources_mu_ (each change bumps a generation; a request re-reads its corpora only when it moved), so a draft
@@ -43,7 +43,7 @@ constexpr int32_t kNumExtra = 12;
 constexpr int32_t kNumLengthClasses = static_cast<int32_t>(kLengthEdges.size()) + 1;  // 8
 constexpr int32_t kNumScoreBins = static_cast<int32_t>(kScoreEdges.size()) + 1;       // 15
 constexpr int32_t kNumClasses = kNumSources * 2 * kNumLengthClasses * 4 * kNumExtra;   // 3072
-constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins;                         // 120
+constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins * kNumScoreBins;         // 1800
 constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most
 constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor draft ("anchors")
 
@@ -113,7 +113,7 @@ struct PendingNode {
   int32_t token;
   uint16_t parent;  // node index (0 = root); a trie has at most kMaxNodes nodes
   uint8_t depth;
-  uint8_t bin;      // length_class(depth) * kNumScoreBins + score bin
+  uint16_t bin;     // (length_class(depth) * kNumScoreBins + raw score bin) * kNumScoreBins + best rate bin
 };
 
 struct PendingAnchor {

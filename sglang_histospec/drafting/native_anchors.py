@@ -99,8 +99,10 @@ class NativeAnchorIndex:
 
     def learnt_counts(self) -> dict[str, np.ndarray]:
         """Debug: copies of the learnt tables, named as ``AnchorIndex``'s attributes: ``tries`` and ``hits``
-        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` [length classes, score bins], all int64."""
-        return dict(zip(("tries", "hits", "bin_nodes", "bin_hits"), self._impl.learnt_counts(), strict=True))
+        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` ``NUM_BINS`` (length, raw score, best rate classes), all int64."""
+        tries, hits, bin_nodes, bin_hits = self._impl.learnt_counts()
+        bins = anchors.NUM_BINS
+        return {"tries": tries, "hits": hits, "bin_nodes": bin_nodes.reshape(bins), "bin_hits": bin_hits.reshape(bins)}
 
     def check_integrity(self) -> str | None:
         """Debug: walks every corpus, pending draft and learnt table; None when all invariants hold."""
