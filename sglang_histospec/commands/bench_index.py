@@ -26,9 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sources", default="history,siblings,self", help="comma-separated draft sources (DrafterConfig.sources)"
     )
-    parser.add_argument("--chain", action="store_true", help="chain mode instead of trees")
+    parser.add_argument("--chain", action="store_true", help="chain mode instead of trees (the counts scorer)")
     parser.add_argument(
-        "--scorer", choices=("counts", "anchors"), default="counts", help="DrafterConfig.scorer of both backends"
+        "--scorer",
+        choices=("counts", "anchors"),
+        default=None,
+        help="DrafterConfig.scorer of both backends (default anchors; counts with --chain)",
     )
     parser.add_argument("--reference-prompts", type=int, default=4, help="prompts of the side-by-side run (0 = off)")
     parser.add_argument("--reference-length", type=int, default=1024, help="response length of the side-by-side run")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         sources=tuple(s.strip() for s in args.sources.split(",") if s.strip()),
         tree=not args.chain,
         seed=args.seed,
-        scorer=args.scorer,
+        scorer=args.scorer or ("counts" if args.chain else "anchors"),
     )
 
     def progress(msg: str) -> None:

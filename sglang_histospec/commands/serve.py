@@ -45,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scorer", choices=("anchors", "counts"), default=None, help="drafter scorer (default: DrafterConfig.scorer)"
     )
     parser.add_argument(
-        "--draft-mode", choices=("tree", "chain"), default="tree", help="token tree or one path (--scorer counts)"
+        "--draft-mode",
+        choices=("tree", "chain"),
+        default="tree",
+        help="token tree or one path (chain: the counts scorer)",
     )
     parser.add_argument(
         "--budget-policy",
@@ -111,15 +114,13 @@ def _drafter_config(args: argparse.Namespace):
     """The torch engine's DrafterConfig from ``--history-window``, ``--scorer`` and ``--draft-mode``."""
     from sglang_histospec.drafting import DrafterConfig
 
-    fields = {"tree": args.draft_mode == "tree"}
+    chain = args.draft_mode == "chain"
+    fields: dict = {"tree": not chain}
+    if args.scorer is not None or chain:
+        fields["scorer"] = args.scorer or "counts"  # chain drafts are the counts scorer's mode
     if args.history_window is not None:
         fields["window"] = args.history_window
-    if args.scorer is not None:
-        fields["scorer"] = args.scorer
-    cfg = DrafterConfig(**fields)
-    if not cfg.tree and cfg.scorer != "counts":
-        raise ValueError("--draft-mode chain applies to the counts scorer: add --scorer counts")
-    return cfg
+    return DrafterConfig(**fields)
 
 
 def _run_torch(args: argparse.Namespace) -> int:

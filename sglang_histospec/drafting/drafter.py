@@ -95,6 +95,8 @@ class DrafterConfig:
             raise ValueError(f"DrafterConfig.sources={self.sources!r}: expected distinct names from {SOURCES}")
         if self.scorer not in ("counts", "anchors"):
             raise ValueError(f"DrafterConfig.scorer={self.scorer!r}: expected 'counts' or 'anchors'")
+        if not self.tree and self.scorer != "counts":
+            raise ValueError("DrafterConfig.tree=False: chain mode belongs to the counts scorer; set scorer='counts'")
         if self.backend not in ("auto", "native", "python"):
             raise ValueError(f"DrafterConfig.backend={self.backend!r}: expected 'auto', 'native' or 'python'")
         max_w = math.floor((1.0 + self.reward_weight) * WEIGHT_ONE + 0.5)

@@ -59,8 +59,8 @@ class IndexBenchConfig:
     """DrafterConfig.max_match."""
     min_prob: float = 0.1
     """DrafterConfig.min_prob."""
-    scorer: str = "counts"
-    """DrafterConfig.scorer: "counts" (the longest match's counts) or "anchors" (learnt anchor rates)."""
+    scorer: str = "anchors"
+    """DrafterConfig.scorer: "anchors" (learnt anchor rates) or "counts" (the longest match's counts)."""
 
 
 def _make_backend(cfg: IndexBenchConfig, backend: str):

@@ -22,3 +22,27 @@ def test_version(capsys):
         cli.main(["--version"])
     assert e.value.code == 0
     assert "histospec 0.1.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        ([], ("anchors", True, 4)),
+        (["--draft-mode", "chain"], ("counts", False, 4)),
+        (["--scorer", "counts", "--history-window", "1"], ("counts", True, 1)),
+    ],
+)
+def test_serve_drafter_flags(flags, expected):
+    from sglang_histospec.commands import serve
+
+    args = cli.build_parser().parse_args(["serve", "--model", "m", *flags])
+    cfg = serve._drafter_config(args)
+    assert (cfg.scorer, cfg.tree, cfg.window) == expected
+
+
+def test_serve_chain_with_anchors_names_the_fix():
+    from sglang_histospec.commands import serve
+
+    args = cli.build_parser().parse_args(["serve", "--model", "m", "--scorer", "anchors", "--draft-mode", "chain"])
+    with pytest.raises(ValueError, match="set scorer='counts'"):
+        serve._drafter_config(args)

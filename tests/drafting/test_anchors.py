@@ -148,6 +148,9 @@ def test_anchor_class_is_a_bijection_on_its_fields():
 def test_bad_scorer_names_the_choices():
     with pytest.raises(ValueError, match="scorer='bogus'.*'counts' or 'anchors'"):
         DrafterConfig(scorer="bogus")
+    with pytest.raises(ValueError, match="chain mode belongs to the counts scorer; set scorer='counts'"):
+        DrafterConfig(tree=False)
+    assert DrafterConfig(tree=False, scorer="counts").scorer == "counts"
 
 
 def _occurs(path, seqs) -> bool:

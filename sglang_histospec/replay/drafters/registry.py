@@ -69,6 +69,8 @@ def build_drafter(name: str, budget: int, **opts) -> ReplayDrafter:
         kw = {k: opts[k] for k in _HS_FIELDS if k in opts and k in known}
         if "tree" in opts:
             kw["tree"] = bool(opts["tree"])
+            if not kw["tree"]:
+                kw.setdefault("scorer", "counts")  # chain drafts are the counts scorer's mode
         if "use_frequency" in opts:
             kw["use_frequency"] = bool(opts["use_frequency"])
         if "sources" in opts:
@@ -95,7 +97,9 @@ def add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
         g.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=f"DrafterConfig.{name}")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--tree", dest="tree", action="store_true", default=None, help="tree drafts (default)")
-    mode.add_argument("--chain", dest="tree", action="store_false", help="chain drafts (RhymeRL's released mode)")
+    mode.add_argument(
+        "--chain", dest="tree", action="store_false", help="chain drafts (RhymeRL's released mode; the counts scorer)"
+    )
     g.add_argument(
         "--no-frequency", dest="use_frequency", action="store_false", default=None, help="max weight, not sum"
     )
