@@ -14,6 +14,8 @@ Example (one history response ``[7, 1, 2, 3]`` whose first token ``7`` is the pr
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from sglang_histospec.core import _native
@@ -28,40 +30,11 @@ def _as_i32(seq) -> np.ndarray:  # [n] int32, C-contiguous (no copy when it alre
     return np.ascontiguousarray(seq, dtype=np.int32)
 
 
-class NativeIndex:
-    """Native backend; same interface as ``ReferenceIndex`` (``docs/drafting.md`` section 9).
-
-    Each prompt's history is a suffix array with prefix sums of integer weights (16 bytes per history token), built
-    by SA-IS in linear time on ``set_history`` without the GIL and swapped in under a lock; drafting requests hold a
-    reference to the structure they read, so a concurrent replacement never frees it under them. Every request keeps
-    its longest-match state per source and advances it by the tokens passed to ``extend``; ``draft_batch`` drafts
-    the whole batch without the GIL. Sources: ``csrc/``.
-    """
+class NativeBackend:
+    """What both native backends share: the backend interface forwarded to the C++ object in ``self._impl``."""
 
     backend = "native"
-
-    def __init__(
-        self,
-        *,
-        min_match: int,
-        max_match: int,
-        tree: bool,
-        min_prob: float,
-        use_frequency: bool,
-        sources: tuple[str, ...],
-    ) -> None:
-        unknown = [s for s in sources if s not in SOURCES]
-        if unknown:
-            raise ValueError(f"unknown source {unknown[0]!r}: expected a subset of {SOURCES}")
-        self.sources = tuple(s for s in SOURCES if s in sources)
-        self._impl = _native.Drafter(
-            min_match=int(min_match),
-            max_match=int(max_match),
-            tree=bool(tree),
-            min_prob=float(min_prob),
-            use_frequency=bool(use_frequency),
-            sources=list(self.sources),
-        )
+    _impl: Any  # the pybind11 object (_native.Drafter or _native.AnchorDrafter)
 
     # ---- sources -------------------------------------------------------------------------------------------
     def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
@@ -105,10 +78,44 @@ class NativeIndex:
     def memory_bytes(self) -> int:
         return int(self._impl.memory_bytes())
 
-    def history_tokens(self) -> int:
-        return int(self._impl.history_tokens())
-
     def check_integrity(self) -> str | None:
         """Debug: walks every structure (suffix order, weights, caches); None when all invariants hold."""
         problem = self._impl.check_integrity()
         return problem or None
+
+
+class NativeIndex(NativeBackend):
+    """Native backend; same interface as ``ReferenceIndex`` (``docs/drafting.md`` section 9).
+
+    Each prompt's history is a suffix array with prefix sums of integer weights (16 bytes per history token), built
+    by SA-IS in linear time on ``set_history`` without the GIL and swapped in under a lock; drafting requests hold a
+    reference to the structure they read, so a concurrent replacement never frees it under them. Every request keeps
+    its longest-match state per source and advances it by the tokens passed to ``extend``; ``draft_batch`` drafts
+    the whole batch without the GIL. Sources: ``csrc/``.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_match: int,
+        max_match: int,
+        tree: bool,
+        min_prob: float,
+        use_frequency: bool,
+        sources: tuple[str, ...],
+    ) -> None:
+        unknown = [s for s in sources if s not in SOURCES]
+        if unknown:
+            raise ValueError(f"unknown source {unknown[0]!r}: expected a subset of {SOURCES}")
+        self.sources = tuple(s for s in SOURCES if s in sources)
+        self._impl = _native.Drafter(
+            min_match=int(min_match),
+            max_match=int(max_match),
+            tree=bool(tree),
+            min_prob=float(min_prob),
+            use_frequency=bool(use_frequency),
+            sources=list(self.sources),
+        )
+
+    def history_tokens(self) -> int:
+        return int(self._impl.history_tokens())

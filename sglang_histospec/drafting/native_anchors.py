@@ -17,8 +17,7 @@ import numpy as np
 
 from sglang_histospec.core import _native
 from sglang_histospec.drafting import anchors
-from sglang_histospec.drafting.native import _as_i32
-from sglang_histospec.drafting.reference import DraftTuple
+from sglang_histospec.drafting.native import NativeBackend
 from sglang_histospec.drafting.types import SOURCES
 
 if getattr(_native, "ABI_VERSION", 0) < 3:  # built before the anchor scorer: rebuild with `make install`
@@ -28,15 +27,13 @@ if _stale:  # csrc/anchors.h no longer mirrors anchors.py: rebuild, or update it
     raise ImportError(f"the native anchor scorer was built with other constants than anchors.py: {_stale}")
 
 
-class NativeAnchorIndex:
+class NativeAnchorIndex(NativeBackend):
     """Native backend of the anchor scorer; same interface as ``AnchorIndex`` (``docs/drafting.md`` section 9).
 
     Sources are immutable corpora (tokens, postings token -> positions) swapped in under a lock, so a draft keeps
     reading the ones it started with; ``draft_batch`` drafts the whole batch without the GIL; the learnt tables
     are shared by all requests and updated when a draft's outcome is known (in ``extend`` and ``remove_request``).
     """
-
-    backend = "native"
 
     def __init__(self, *, min_match: int, max_match: int, prompt_tail: int, sources: tuple[str, ...]) -> None:
         unknown = [s for s in sources if s not in SOURCES]
@@ -55,55 +52,10 @@ class NativeAnchorIndex:
             sources=list(self.sources),
         )
 
-    # ---- sources -------------------------------------------------------------------------------------------
-    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
-        self._impl.set_history(prompt_id, [_as_i32(s) for s in sequences], [int(w) for w in weights])
-
-    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
-        self._impl.add_sibling(prompt_id, _as_i32(sequence), int(weight))
-
-    def clear_siblings(self) -> None:
-        self._impl.clear_siblings()
-
-    def add_global(self, key: int, sequences, weights: list[int]) -> None:
-        self._impl.add_global(int(key), [_as_i32(s) for s in sequences], [int(w) for w in weights])
-
-    def remove_global(self, key: int) -> None:
-        self._impl.remove_global(int(key))
-
-    # ---- requests ------------------------------------------------------------------------------------------
-    def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
-        if isinstance(prompt_tokens, np.ndarray):
-            self._impl.start_array(req_id, prompt_id, _as_i32(prompt_tokens))
-        else:
-            self._impl.start(req_id, prompt_id, prompt_tokens)
-
-    def extend(self, req_id: str, tokens: list[int]) -> None:
-        if isinstance(tokens, np.ndarray):
-            self._impl.extend_array(req_id, _as_i32(tokens))
-        else:
-            self._impl.extend(req_id, tokens)
-
-    def remove_request(self, req_id: str) -> None:
-        self._impl.remove_request(req_id)
-
-    def has_request(self, req_id: str) -> bool:
-        return self._impl.has_request(req_id)
-
-    def draft_batch(self, req_ids: list[str], budgets: list[int]) -> list[DraftTuple]:
-        return self._impl.draft_batch(req_ids, budgets)
-
-    # ---- accounting and checks ------------------------------------------------------------------------------
-    def memory_bytes(self) -> int:
-        return int(self._impl.memory_bytes())
-
     def learnt_counts(self) -> dict[str, np.ndarray]:
         """Debug: copies of the learnt tables, named as ``AnchorIndex``'s attributes: ``tries`` and ``hits``
-        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` ``NUM_BINS`` (length, raw score, best rate classes), all int64."""
+        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` ``NUM_BINS`` (length, raw score, best rate classes),
+        all int64."""
         tries, hits, bin_nodes, bin_hits = self._impl.learnt_counts()
         bins = anchors.NUM_BINS
         return {"tries": tries, "hits": hits, "bin_nodes": bin_nodes.reshape(bins), "bin_hits": bin_hits.reshape(bins)}
-
-    def check_integrity(self) -> str | None:
-        """Debug: walks every corpus, pending draft and learnt table; None when all invariants hold."""
-        return self._impl.check_integrity() or None
