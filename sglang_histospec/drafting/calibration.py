@@ -23,11 +23,15 @@ from sglang_histospec.drafting.types import Draft, accepted_path
 
 BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999])
 """Upper edges of the probability bins (the last bin holds probability 1.0 alone)."""
-KEY_SOURCES = ("history", "siblings", "self", "global", "mixed", "")
+KEY_SOURCES = ("history", "siblings", "self", "global", "mixed", "anchors", "")
 """Draft sources (``Draft.source``) with a calibration of their own; anything else counts as ``""``."""
+CALIBRATED_SOURCES = ("anchors",)
+"""Sources whose probabilities are calibrated already (the anchor scorer learns its own): with no data a node is
+expected to be accepted at its drafted probability, not at ``prior_scale`` times it."""
 MATCH_EDGES = (1, 2, 4, 8)
 """Match-length classes: 1, 2, 3-4, 5-8, longer."""
 NUM_KEYS = len(KEY_SOURCES) * (len(MATCH_EDGES) + 1)
+_CALIBRATED_KEY = np.repeat([s in CALIBRATED_SOURCES for s in KEY_SOURCES], len(MATCH_EDGES) + 1)  # [NUM_KEYS]
 
 
 @dataclass(slots=True)
@@ -90,7 +94,8 @@ class DraftCalibration:
         w = self.cfg.prior_nodes
         n_all, acc_all, p_all = self._nodes.sum(0)[b], self._accepted.sum(0)[b], self._prob_sum.sum(0)[b]
         mean = np.where(n_all > 0, p_all / np.maximum(n_all, 1e-12), cond)  # the bin's drafted probability
-        pooled = (acc_all + w * self.cfg.prior_scale * mean) / (n_all + w)
+        scale = np.where(_CALIBRATED_KEY[keys], 1.0, self.cfg.prior_scale)
+        pooled = (acc_all + w * scale * mean) / (n_all + w)
         return (self._accepted[keys, b] + w * pooled) / (self._nodes[keys, b] + w)
 
     def observe(
@@ -200,6 +205,7 @@ class DraftCalibration:
 
 __all__ = [
     "BIN_EDGES",
+    "CALIBRATED_SOURCES",
     "KEY_SOURCES",
     "MATCH_EDGES",
     "NUM_KEYS",
