@@ -236,12 +236,14 @@ def test_drafter_config_from_env():
     from sglang_histospec.plugin.adapter import DRAFTER_CONFIG_ENV, drafter_config_from_env
 
     assert drafter_config_from_env({}) == DrafterConfig()
-    cfg = drafter_config_from_env({DRAFTER_CONFIG_ENV: '{"window": 2, "tree": false, "sources": ["history"]}'})
-    assert (cfg.window, cfg.tree, cfg.sources) == (2, False, ("history",))
+    raw = '{"window": 2, "tree": false, "scorer": "counts", "sources": ["history"]}'
+    cfg = drafter_config_from_env({DRAFTER_CONFIG_ENV: raw})
+    assert (cfg.window, cfg.tree, cfg.scorer, cfg.sources) == (2, False, "counts", ("history",))
     for raw, match in (
         ("{", "not JSON"),
         ("[1]", "JSON object"),
         ('{"window": 0}', "window"),
+        ('{"tree": false}', "chain mode belongs to the counts scorer"),
         ('{"nope": 1}', "field names"),
     ):
         with pytest.raises(ValueError, match=match):
