@@ -15,11 +15,11 @@ Example::
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from sglang_histospec.drafting.reference import SourceStore
 from sglang_histospec.drafting.types import SOURCES
 
 DEPTH_MAX = 32
@@ -130,18 +130,17 @@ def _agree(seq, j: int, ctx, n: int, start: int) -> int:
     return sum(1 for k in range(start, stop) if seq[j - 1 - k] == ctx[n - 1 - k])
 
 
-class AnchorIndex:
+class AnchorIndex(SourceStore):
     """Reference backend of the anchor scorer (pure Python); interface of ``ReferenceIndex``."""
+
+    corpus_type = _Corpus
 
     def __init__(self, *, min_match: int, max_match: int, prompt_tail: int, sources: tuple[str, ...]) -> None:
         self.min_match = min_match
         self.max_match = max_match
         self.prompt_tail = prompt_tail
         self.sources = tuple(s for s in SOURCES if s in sources)
-        self._lock = threading.Lock()
-        self._history: dict[str, _Corpus] = {}
-        self._siblings: dict[str, list[_Corpus]] = {}
-        self._global: dict[int, _Corpus] = {}
+        super().__init__()
         self._requests: dict[str, _Request] = {}
         self._tries = np.zeros((NUM_CLASSES, DEPTH_MAX), dtype=np.int64)
         self._hits = np.zeros((NUM_CLASSES, DEPTH_MAX), dtype=np.int64)
@@ -149,32 +148,9 @@ class AnchorIndex:
         self._bin_hits = np.zeros(NUM_BINS, dtype=np.int64)
         self._rates: dict[int, list[float]] = {}
 
-    # ---- sources (same calls as ReferenceIndex) -------------------------------------------------------------
+    # ---- sources (SourceStore's; a corpus is stored oldest first) ---------------------------------------------
     def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
-        corpus = _Corpus.build(list(sequences)[::-1], list(weights)[::-1])  # the facade passes newest first
-        with self._lock:
-            if corpus.seqs:
-                self._history[prompt_id] = corpus
-            else:
-                self._history.pop(prompt_id, None)
-
-    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
-        corpus = _Corpus.build([sequence], [weight])
-        with self._lock:
-            self._siblings[prompt_id] = [*self._siblings.get(prompt_id, []), corpus]
-
-    def clear_siblings(self) -> None:
-        with self._lock:
-            self._siblings = {}
-
-    def add_global(self, key: int, sequences, weights: list[int]) -> None:
-        corpus = _Corpus.build(sequences, weights)
-        with self._lock:
-            self._global[key] = corpus
-
-    def remove_global(self, key: int) -> None:
-        with self._lock:
-            self._global.pop(key, None)
+        super().set_history(prompt_id, list(sequences)[::-1], list(weights)[::-1])  # the facade passes newest first
 
     # ---- requests ------------------------------------------------------------------------------------------
     def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
@@ -212,7 +188,7 @@ class AnchorIndex:
             if name == "history":
                 corpora = [self._history[pid]] if pid in self._history else []
             elif name == "siblings":
-                corpora = self._siblings.get(pid, [])[::-1] if pid is not None else []
+                corpora = list(self._siblings.get(pid, ()))[::-1] if pid is not None else []
             else:
                 corpora = list(self._global.values())[::-1]
             if corpora:

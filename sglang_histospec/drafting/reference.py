@@ -17,10 +17,11 @@ from __future__ import annotations
 import heapq
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, ROOT, SOURCES, WEIGHT_ONE
 
-__all__ = ["MAX_BUDGET", "SOURCES", "WEIGHT_ONE", "DraftTuple", "ReferenceIndex", "merge_drafts"]
+__all__ = ["MAX_BUDGET", "SOURCES", "WEIGHT_ONE", "DraftTuple", "ReferenceIndex", "SourceStore", "merge_drafts"]
 
 DraftTuple = tuple[list[int], list[int], list[float], int, str]
 """(token_ids, parents, probs, match_len, source) as returned by ``draft_batch``."""
@@ -57,7 +58,46 @@ class _Request:
 _Occ = tuple[tuple[int, ...], int, int]
 
 
-class ReferenceIndex:
+class SourceStore:
+    """The sources of a Python backend: each prompt's history, the open step's siblings and the global groups, each
+    an immutable ``corpus_type.build(sequences, weights)`` built outside the lock, then swapped in."""
+
+    corpus_type: type = _Corpus
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._history: dict[str, Any] = {}
+        self._siblings: dict[str, tuple[Any, ...]] = {}
+        self._global: dict[int, Any] = {}
+
+    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
+        corpus = self.corpus_type.build(sequences, weights)
+        with self._lock:
+            if corpus.seqs:
+                self._history[prompt_id] = corpus
+            else:
+                self._history.pop(prompt_id, None)
+
+    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
+        corpus = self.corpus_type.build([sequence], [weight])
+        with self._lock:
+            self._siblings[prompt_id] = self._siblings.get(prompt_id, ()) + (corpus,)
+
+    def clear_siblings(self) -> None:
+        with self._lock:
+            self._siblings = {}
+
+    def add_global(self, key: int, sequences, weights: list[int]) -> None:
+        corpus = self.corpus_type.build(sequences, weights)
+        with self._lock:
+            self._global[key] = corpus
+
+    def remove_global(self, key: int) -> None:
+        with self._lock:
+            self._global.pop(key, None)
+
+
+class ReferenceIndex(SourceStore):
     """Reference backend; same interface as ``NativeIndex`` (``docs/drafting.md`` section 9)."""
 
     def __init__(
@@ -76,38 +116,8 @@ class ReferenceIndex:
         self.min_prob = min_prob
         self.use_frequency = use_frequency
         self.sources = tuple(s for s in SOURCES if s in sources)
-        self._lock = threading.Lock()
-        self._history: dict[str, _Corpus] = {}
-        self._siblings: dict[str, tuple[_Corpus, ...]] = {}
-        self._global: dict[int, _Corpus] = {}
+        super().__init__()
         self._requests: dict[str, _Request] = {}
-
-    # ---- sources -------------------------------------------------------------------------------------------
-    def set_history(self, prompt_id: str, sequences, weights: list[int]) -> None:
-        corpus = _Corpus.build(sequences, weights)  # built outside the lock, then swapped in
-        with self._lock:
-            if corpus.seqs:
-                self._history[prompt_id] = corpus
-            else:
-                self._history.pop(prompt_id, None)
-
-    def add_sibling(self, prompt_id: str, sequence, weight: int) -> None:
-        corpus = _Corpus.build([sequence], [weight])
-        with self._lock:
-            self._siblings[prompt_id] = self._siblings.get(prompt_id, ()) + (corpus,)
-
-    def clear_siblings(self) -> None:
-        with self._lock:
-            self._siblings = {}
-
-    def add_global(self, key: int, sequences, weights: list[int]) -> None:
-        corpus = _Corpus.build(sequences, weights)
-        with self._lock:
-            self._global[key] = corpus
-
-    def remove_global(self, key: int) -> None:
-        with self._lock:
-            self._global.pop(key, None)
 
     # ---- requests ------------------------------------------------------------------------------------------
     def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
