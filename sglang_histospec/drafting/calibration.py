@@ -26,8 +26,10 @@ BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0
 KEY_SOURCES = ("history", "siblings", "self", "global", "mixed", "anchors", "")
 """Draft sources (``Draft.source``) with a calibration of their own; anything else counts as ``""``."""
 CALIBRATED_SOURCES = ("anchors",)
-"""Sources whose probabilities are calibrated already (the anchor scorer learns its own): with no data a node is
-expected to be accepted at its drafted probability, not at ``prior_scale`` times it."""
+"""Sources whose probabilities are calibrated already (the anchor scorer recalibrates its own from the outcome of
+every trie node, drafted or not): their nodes pass through unchanged (observations are still counted, for
+``table`` and ``by_source``). A second calibration on top learns from fewer nodes, lags a shift of the drafts'
+mix (a step without history, then one with) and compounds along paths."""
 MATCH_EDGES = (1, 2, 4, 8)
 """Match-length classes: 1, 2, 3-4, 5-8, longer."""
 NUM_KEYS = len(KEY_SOURCES) * (len(MATCH_EDGES) + 1)
@@ -89,14 +91,15 @@ class DraftCalibration:
         cond: np.ndarray,  # [n] float conditional probabilities (node path probability / parent's)
         keys: np.ndarray,  # [n] int draft key of each node (draft_key)
     ) -> np.ndarray:  # [n] float expected conditional acceptance in [0, 1]
-        """Expected acceptance of nodes given their parents were accepted."""
+        """Expected acceptance of nodes given their parents were accepted (``cond`` itself for
+        ``CALIBRATED_SOURCES``)."""
         b = self.bins(cond)
         w = self.cfg.prior_nodes
         n_all, acc_all, p_all = self._nodes.sum(0)[b], self._accepted.sum(0)[b], self._prob_sum.sum(0)[b]
         mean = np.where(n_all > 0, p_all / np.maximum(n_all, 1e-12), cond)  # the bin's drafted probability
-        scale = np.where(_CALIBRATED_KEY[keys], 1.0, self.cfg.prior_scale)
-        pooled = (acc_all + w * scale * mean) / (n_all + w)
-        return (self._accepted[keys, b] + w * pooled) / (self._nodes[keys, b] + w)
+        pooled = (acc_all + w * self.cfg.prior_scale * mean) / (n_all + w)
+        q = (self._accepted[keys, b] + w * pooled) / (self._nodes[keys, b] + w)
+        return np.where(_CALIBRATED_KEY[keys], cond, q)
 
     def observe(
         self,

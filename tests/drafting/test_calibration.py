@@ -35,8 +35,9 @@ class RefCalibration:
 
     def calibrate(self, p: float, key: int) -> float:
         b = int(np.searchsorted(BIN_EDGES, p, side="left"))
-        calibrated = KEY_SOURCES[key // (len(MATCH_EDGES) + 1)] in CALIBRATED_SOURCES
-        w, scale = self.cfg.prior_nodes, 1.0 if calibrated else self.cfg.prior_scale
+        if KEY_SOURCES[key // (len(MATCH_EDGES) + 1)] in CALIBRATED_SOURCES:
+            return p
+        w, scale = self.cfg.prior_nodes, self.cfg.prior_scale
         pooled = [o for o in self.obs if o[1] == b]
         mean = sum(o[2] for o in pooled) / len(pooled) if pooled else p
         level1 = (sum(o[3] for o in pooled) + w * scale * mean) / (len(pooled) + w)
@@ -197,11 +198,17 @@ def test_observe_tokens_walks_the_committed_tokens():
     assert sum(r["nodes"] * r["accepted"] for r in cal.table()) == pytest.approx(1.0)
 
 
-def test_calibrated_sources_are_trusted_until_measured():
-    """An anchor draft's probabilities are calibrated already: with no data they stand; other sources get
-    prior_scale times theirs."""
+def test_calibrated_sources_pass_through():
+    """An anchor draft's probabilities are calibrated already: they stand, before and after outcomes are counted;
+    other sources get prior_scale times theirs, then learn."""
     cal = DraftCalibration(CalibrationConfig(prior_scale=0.25))
     anchors = Draft([5, 6], [-1, 0], [0.8, 0.4], match_len=3, source="anchors")
     history = Draft([5, 6], [-1, 0], [0.8, 0.4], match_len=3, source="history")
     assert cal.calibrate_draft(anchors).tolist() == pytest.approx([0.8, 0.4])
     assert cal.calibrate_draft(history).tolist() == pytest.approx([0.2, 0.2 * 0.125])
+    for _ in range(50):
+        cal.observe_draft(anchors, [False, False])
+        cal.observe_draft(history, [False, False])
+    assert cal.calibrate_draft(anchors).tolist() == pytest.approx([0.8, 0.4])
+    assert cal.calibrate_draft(history)[0] < 0.05
+    assert cal.by_source()["anchors"]["nodes"] > 0
