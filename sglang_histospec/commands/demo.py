@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "frozen samples the pretrained policy every epoch (no training)",
     )
     parser.add_argument("--epochs", type=int, default=None, help="epochs (default 2 quick, 4 full)")  # fmt: skip
+    parser.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=None,
+        help="real model only: requests each rollout server decodes together (default 4: on a CPU larger batches "
+        "are compute-bound and leave drafting little to gain)",
+    )
     parser.add_argument("--out-dir", default="histospec-demo", help="trace, plots, summary.json and logs go here")
     parser.add_argument("--cache-dir", default=None, help="model cache (default $HISTOSPEC_CACHE_DIR or ~/.cache)")
     parser.add_argument("--seed", type=int, default=0)
@@ -97,9 +104,13 @@ def _run_llm(args: argparse.Namespace, out: Path, say: Any) -> tuple[list, dict]
         raise SystemExit(str(exc)) from exc
     policy = warmed_policy(base, warm, args.cache_dir, progress=progress)
     cfg = demo_run_config(args.quick, args.epochs, args.seed)
+    if args.max_running_requests is not None:
+        if args.max_running_requests < 1:
+            raise SystemExit(f"--max-running-requests {args.max_running_requests}: use 1 or more")
+        cfg = dataclasses.replace(cfg, max_running_requests=args.max_running_requests)
     say(f"policy: {policy} ({args.model} after a supervised warm-up on {warm.warmup_examples} {args.family} "
-        f"solutions); GRPO: {cfg.epochs} epochs x {cfg.num_prompts} prompts x G={cfg.group_size}, every rollout "
-        "replayed on a plain-decoding server with the same weights")  # fmt: skip
+        f"solutions); GRPO: {cfg.epochs} epochs x {cfg.num_prompts} prompts x G={cfg.group_size}, {cfg.max_running_requests} "
+        "decoded together, every rollout replayed on a plain-decoding server with the same weights")  # fmt: skip
     task = ChatTask(family, AutoTokenizer.from_pretrained(policy))
     stats = run_grpo(policy, task, cfg, "HISTOSPEC", out / "work", out / "trace.jsonl.gz", progress)
     extra = {"model": args.model, "model_dir": str(policy), "base_model_dir": str(base), "family": args.family,

@@ -39,7 +39,11 @@ WARMUP_FIELDS = ("family", "num_prompts", "train_layers", "warmup_examples", "wa
 
 def demo_run_config(quick: bool = False, epochs: int | None = None, seed: int = 0) -> GRPORunConfig:
     """The GRPO run of the LLM demo: 4 epochs (``quick``: 2) of one step, 4 prompts x G = 4 samples each, up to 128
-    new tokens (the family's solutions take about 90), the top 8 layers trained."""
+    new tokens (the family's solutions take about 90), the top 8 layers trained, 4 requests decoded together.
+
+    Why 4: on a CPU a step of 16 requests is compute-bound (one draft row costs about half a request's row, so
+    only nodes that are almost sure pay); at 4 a step is closer to the memory-bound regime a GPU is in at far
+    larger batches (docs/benchmarks.md, the engine's batch sweep)."""
     return GRPORunConfig(
         epochs=epochs or (2 if quick else 4),
         num_prompts=4,
@@ -50,6 +54,7 @@ def demo_run_config(quick: bool = False, epochs: int | None = None, seed: int = 
         seed=seed,
         train_layers=WARMUP.train_layers,
         side_by_side=True,
+        max_running_requests=4,
         importance_sampling=False,
     )
 

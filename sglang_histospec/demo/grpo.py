@@ -52,6 +52,10 @@ class GRPORunConfig:
     weight sync goes to both servers; both start from the same seed and see the same requests in the same order, so
     each request draws the same random stream and the replay emits the same tokens: the two timings measure the same
     work, and ``identical`` counts the responses that matched."""
+    max_running_requests: int | None = None
+    """Requests each rollout server decodes together (``histospec serve --max-running-requests``); None = the
+    server's default. Fewer running requests make a step cheaper and closer to memory-bound, where verifying draft
+    rows costs little next to the step."""
     importance_sampling: bool = True
     """TRL's ``vllm_importance_sampling_correction`` (an extra forward over each batch; the rollouts are on-policy
     here, so the ratio it corrects is 1 up to rounding)."""
@@ -60,6 +64,8 @@ class GRPORunConfig:
         for name in ("epochs", "num_prompts", "group_size", "prompts_per_step", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests={self.max_running_requests}: use >= 1, or None for the default")
         if self.train_layers is not None and self.train_layers < 1:
             raise ValueError(f"train_layers={self.train_layers}: use >= 1, or None for the full model")
         if self.group_size < 2:
@@ -131,11 +137,18 @@ def run_grpo(
     tokenizer.padding_side = "left"
     run = _Run(config, task, tokenizer, trace_path, progress, speculative_algorithm)
     with ExitStack() as stack:
+        extra = (
+            [] if config.max_running_requests is None else ["--max-running-requests", str(config.max_running_requests)]
+        )
         server = stack.enter_context(
-            RolloutServerProcess(model_dir, speculative_algorithm, log_path=work / "server.log", seed=config.seed)
+            RolloutServerProcess(
+                model_dir, speculative_algorithm, log_path=work / "server.log", seed=config.seed, extra_args=extra
+            )
         )
         if config.side_by_side:
-            plain = RolloutServerProcess(model_dir, "NONE", log_path=work / "server-plain.log", seed=config.seed)
+            plain = RolloutServerProcess(
+                model_dir, "NONE", log_path=work / "server-plain.log", seed=config.seed, extra_args=extra
+            )
             run.plain = stack.enter_context(plain)
         stack.callback(run.close)
         trainer = _trainer(model_dir, rows[: config.num_prompts], run, server.url, work / "trainer")

@@ -30,6 +30,7 @@ def tiny_model(tmp_path_factory):
         ({"group_size": 1}, "group_size"),
         ({"num_prompts": 6, "prompts_per_step": 4}, "multiple"),
         ({"epochs": 0}, "ep"),
+        ({"max_running_requests": 0}, "max_running_requests"),
     ],
 )
 def test_grpo_config_validation(kwargs, match):

@@ -74,6 +74,7 @@ def test_demo_family_refuses_the_held_out_family_and_run_configs_fit_whole_steps
     assert quick.side_by_side and full.side_by_side
     assert (quick.epochs, quick.steps_per_epoch) == (2, 1) and (full.epochs, full.steps_per_epoch) == (4, 1)
     assert demo_run_config(epochs=3).epochs == 3 and full.train_layers == WARMUP.train_layers
+    assert quick.max_running_requests == full.max_running_requests == 4  # where drafting can pay on a CPU
 
 
 def test_warm_up_is_trained_once_and_cached(chat_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,9 +136,10 @@ def test_demo_command_on_a_tiny_chat_model_end_to_end(chat_model: str, tmp_path:
     monkeypatch.setattr(chat_demo, "demo_run_config", lambda *a, **k: dataclasses.replace(quick, epochs=2))
     out_dir = tmp_path / "out"
     code = cli.main(["demo", "--model", chat_model, "--quick", "--out-dir", str(out_dir), "--cache-dir",
-                     str(tmp_path / "cache"), "--no-progress", "--json"])  # fmt: skip
+                     str(tmp_path / "cache"), "--no-progress", "--json", "--max-running-requests", "3"])  # fmt: skip
     assert code == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["config"]["max_running_requests"] == 3
     assert out["epochs"] == 2 and out["family"] == "arith" and Path(out["model_dir"]).parent.name == "demo-policies"
     assert out["identical_responses"] == out["responses"] == 32  # seeded alike: the plain replay is token-identical
     for row in out["per_epoch"]:
