@@ -28,6 +28,10 @@ class GovernorConfig:
     """Steps of the winning mode between two probes of the losing one (the first interval)."""
     max_probe_interval: int = 64
     """Longest interval between probes of drafting while plain steps keep winning."""
+    probe_cost: float = 0.25
+    """A drafting step the governor does not yet trust (a probe, or one before drafting was measured to win in its
+    bucket) verifies at most this fraction of the step's modelled cost in draft rows: the cut's best nodes only,
+    so a probe of drafting that loses costs at most that much more than a plain step."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or self.probe_every < 1 or self.max_probe_interval < self.probe_every:
@@ -38,6 +42,8 @@ class GovernorConfig:
             )
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"GovernorConfig.decay={self.decay}: use a value in [0, 1)")
+        if not self.probe_cost > 0.0:
+            raise ValueError(f"GovernorConfig.probe_cost={self.probe_cost}: use a value > 0 (math.inf: no cap)")
 
 
 @dataclass(slots=True)
@@ -106,6 +112,12 @@ class SpecGovernor:
         b.probing = use and not spec_wins
         self.stats["governed_plain_steps"] += not use
         return use
+
+    def trusts_spec(self, bsz: int) -> bool:
+        """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
+        drafting step that is not trusted is a probe, whose draft rows the selector caps (``probe_cost``)."""
+        b = self._buckets.get(int(bsz).bit_length())
+        return b is not None and b.log_ratio is not None and b.spec_wins()
 
     def forget_drafting(self) -> None:
         """Let drafting be measured again at once in every bucket (call when the history changed: a new step's

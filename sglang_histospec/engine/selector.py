@@ -11,6 +11,7 @@ root -> 7, path probabilities 0.9, 0.2 (node 6) and 0.5, with ``min_score=0.4`` 
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass
 
@@ -82,7 +83,10 @@ class DraftSelector:
     The cut: a node of calibrated probability p is worth p expected tokens and costs one verify row. The step keeps
     the k best nodes of the batch that maximise tokens per second under the step model; when even that rate is below
     a plain step's (the step's cost less the drafting time it saves), the next steps do not draft: 1, then 2, 4, ...
-    up to ``pause_steps`` while that keeps happening.
+    up to ``pause_steps`` while that keeps happening. A step the governor does not trust yet (a probe of drafting,
+    or one before drafting was measured to win at this batch size) keeps at most ``probe_cost x`` the step's cost
+    in rows: a probe that loses costs little, and the first steps of a new history are not spent on long trees
+    scored by rates learnt from another history.
     """
 
     def __init__(
@@ -164,23 +168,27 @@ class DraftSelector:
     def _cut_scores(
         self, drafts: list[Draft], limits: list[int], bsz: int, prefill: int
     ) -> tuple[float, list[list[float] | None]]:
-        """The cut's threshold and each draft's calibrated node scores (0.0 and None: keep every node)."""
+        """The cut's threshold and each draft's node scores for ``pack_draft`` (0.0 and None: keep every node):
+        1.0 for the ``_keep`` most likely nodes of the batch (ties in draft and BFS order, so a parent, never less
+        likely than its child, comes first), 0.0 for the rest, and the threshold 0.5."""
         theta, scores = 0.0, [None] * len(drafts)
         if self.cut and self.step_cost.ready:
             flat = self.calibration.calibrate_drafts(drafts, limits)
-            theta = self._threshold(flat, bsz, prefill)
-            if theta > 0.0:
-                sizes = [min(len(d), k) for d, k in zip(drafts, limits)]
-                scores = [part.tolist() for part in np.split(flat, np.cumsum(sizes)[:-1])]
+            k = self._keep(flat, bsz, prefill)
+            if k < len(flat):
+                keep = np.zeros(len(flat))
+                keep[np.argsort(-flat, kind="stable")[:k]] = 1.0
+                sizes = [min(len(d), n) for d, n in zip(drafts, limits)]
+                theta, scores = 0.5, [part.tolist() for part in np.split(keep, np.cumsum(sizes)[:-1])]
         return theta, scores
 
-    def _threshold(self, scores: np.ndarray, bsz: int, prefill: int) -> float:
-        """Smallest calibrated probability a draft node needs this step: the cost-aware cut over ``scores`` [n], the
+    def _keep(self, scores: np.ndarray, bsz: int, prefill: int) -> int:
+        """How many of the most likely draft nodes the step verifies: the cost-aware cut over ``scores`` [n], the
         calibrated path probabilities of every request's draft nodes within its budget, for a step that also
-        carries ``prefill`` merged prefill tokens (0.0 keeps everything; the best node is always kept, so that
-        the calibration keeps learning). Starts a pause when drafting is not expected to pay (the class docstring)."""
+        carries ``prefill`` merged prefill tokens; capped for a probe (the class docstring); at least 1, so that
+        the calibration keeps learning. Starts a pause when drafting is not expected to pay."""
         if not len(scores):
-            return 0.0
+            return 0
         desc = np.sort(scores)[::-1]
         model = self.step_cost
         row = model.row_cost()
@@ -193,8 +201,10 @@ class DraftSelector:
             self.stats["draft_pauses"] += self._pause > 0
         else:
             self._pause_len = 1
-        k = max(k, 1)  # a drafting step verifies at least its best node: how else would the calibration learn
-        return 0.0 if k >= len(desc) else float(desc[k - 1])
+        gov = self.governor
+        if gov is not None and row > 0.0 and math.isfinite(gov.cfg.probe_cost) and not gov.trusts_spec(bsz):
+            k = min(k, int(gov.cfg.probe_cost * base / row))  # a probe: its best nodes only
+        return max(k, 1)
 
     def observe(
         self, sel: Selection, walks: list[WalkResult], bsz: int, prefill: int, emitted: int, started: float

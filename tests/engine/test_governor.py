@@ -92,3 +92,14 @@ def test_a_drifting_plain_rate_does_not_read_as_a_drafting_win(factor):
         g.observe(16, spec, tokens=16, seconds=16 / (factor * plain if spec else plain))
         used.append(spec)
     assert sum(used[40:]) <= 10
+
+
+def test_drafting_is_trusted_only_once_measured_to_win():
+    g = SpecGovernor()
+    assert not g.trusts_spec(16)  # nothing measured
+    run(g, 40, 16, spec_rate=200.0, plain_rate=100.0)
+    assert g.trusts_spec(16) and not g.trusts_spec(4)  # per bucket
+    g.forget_drafting()
+    assert not g.trusts_spec(16)  # a new history: measured anew
+    run(g, 40, 16, spec_rate=50.0, plain_rate=100.0)
+    assert not g.trusts_spec(16)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 
 import pytest
@@ -103,6 +104,30 @@ def test_cut_pauses_drafting_when_nothing_pays():
     # no drafting time measured yet at the first cut; then 1 node and a pause of 1, of 2, of 4 steps
     assert pattern == [1, 1, 0, 1, 0, 0, 1, 0]
     assert sel.stats == {"draft_pauses": 3, "paused_steps": 4}
+
+
+def _cheap_rows() -> StepCostModel:
+    model = StepCostModel()
+    for extra in (0, 10) * 16:  # 102.5 ms a step, 1 ms per extra row: every likely node pays
+        model.observe(1, 1 + extra, 0.1025 + 0.001 * extra)
+    model.observe = lambda *a, **k: None
+    return model
+
+
+@pytest.mark.parametrize("trusted, rows", [(False, 25), (True, 40)])
+def test_a_probe_of_drafting_verifies_only_its_best_nodes(trusted, rows):
+    """Until the governor measured drafting to win, a step keeps at most probe_cost x its cost in rows: 0.25 x
+    102.5 ms / 1 ms = 25.6, so 25 of the 40 nodes that pay; once trusted, all of them."""
+    drafter = ScriptedDrafter({"p0": list(range(10, 50))})
+    scripted = drafter.draft
+    drafter.draft = lambda rid, b: dataclasses.replace(scripted(rid, b), source="anchors")  # probabilities as drafted
+    sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="cost")
+    sel.step_cost = _cheap_rows()
+    sel.governor.trusts_spec = lambda bsz: trusted
+    [st] = _running(1, max_new=64)
+    drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+    got = sel.select([st], prefill=0, started=time.perf_counter())
+    assert got.tb.num_rows - 1 == rows
 
 
 def test_new_history_step_ends_a_pause():
