@@ -174,22 +174,22 @@ class DraftSelector:
         theta, scores = 0.0, [None] * len(drafts)
         if self.cut and self.step_cost.ready:
             flat = self.calibration.calibrate_drafts(drafts, limits)
-            k = self._keep(flat, bsz, prefill)
+            order = np.argsort(-flat, kind="stable")
+            k = self._keep(flat[order], bsz, prefill)
             if k < len(flat):
                 keep = np.zeros(len(flat))
-                keep[np.argsort(-flat, kind="stable")[:k]] = 1.0
+                keep[order[:k]] = 1.0
                 sizes = [min(len(d), n) for d, n in zip(drafts, limits)]
                 theta, scores = 0.5, [part.tolist() for part in np.split(keep, np.cumsum(sizes)[:-1])]
         return theta, scores
 
-    def _keep(self, scores: np.ndarray, bsz: int, prefill: int) -> int:
-        """How many of the most likely draft nodes the step verifies: the cost-aware cut over ``scores`` [n], the
-        calibrated path probabilities of every request's draft nodes within its budget, for a step that also
+    def _keep(self, desc: np.ndarray, bsz: int, prefill: int) -> int:
+        """How many of the most likely draft nodes the step verifies: the cost-aware cut over ``desc`` [n], the
+        calibrated path probabilities of every request's draft nodes within its budget, sorted descending, for a step that also
         carries ``prefill`` merged prefill tokens; capped for a probe (the class docstring); at least 1, so that
         the calibration keeps learning. Starts a pause when drafting is not expected to pay."""
-        if not len(scores):
+        if not len(desc):
             return 0
-        desc = np.sort(scores)[::-1]
         model = self.step_cost
         row = model.row_cost()
         base = model.base_cost(bsz) + row * prefill
