@@ -185,9 +185,9 @@ class DraftSelector:
 
     def _keep(self, desc: np.ndarray, bsz: int, prefill: int) -> int:
         """How many of the most likely draft nodes the step verifies: the cost-aware cut over ``desc`` [n], the
-        calibrated path probabilities of every request's draft nodes within its budget, sorted descending, for a step that also
-        carries ``prefill`` merged prefill tokens; capped for a probe (the class docstring); at least 1, so that
-        the calibration keeps learning. Starts a pause when drafting is not expected to pay."""
+        calibrated path probabilities of every request's draft nodes within its budget, sorted descending, for a
+        step that also carries ``prefill`` merged prefill tokens; capped for a probe (the class docstring); at
+        least 1, so that the calibration keeps learning. Starts a pause when drafting is not expected to pay."""
         if not len(desc):
             return 0
         model = self.step_cost
