@@ -105,9 +105,10 @@ def _run_llm(args: argparse.Namespace, out: Path, say: Any) -> tuple[list, dict]
     policy = warmed_policy(base, warm, args.cache_dir, progress=progress)
     cfg = demo_run_config(args.quick, args.epochs, args.seed)
     if args.max_running_requests is not None:
-        if args.max_running_requests < 1:
-            raise SystemExit(f"--max-running-requests {args.max_running_requests}: use 1 or more")
-        cfg = dataclasses.replace(cfg, max_running_requests=args.max_running_requests)
+        try:  # GRPORunConfig validates the value
+            cfg = dataclasses.replace(cfg, max_running_requests=args.max_running_requests)
+        except ValueError as exc:
+            raise SystemExit(f"--max-running-requests: {exc}") from exc
     say(f"policy: {policy} ({args.model} after a supervised warm-up on {warm.warmup_examples} {args.family} "
         f"solutions); GRPO: {cfg.epochs} epochs x {cfg.num_prompts} prompts x G={cfg.group_size}, {cfg.max_running_requests} "
         "decoded together, every rollout replayed on a plain-decoding server with the same weights")  # fmt: skip
