@@ -23,8 +23,10 @@ $(VENV)/.installed: pyproject.toml setup.py constraints.txt $(wildcard csrc/*)
 # docs/sglang.md). `make test` installs it, so the README's command and CI's run the same tests.
 install-sglang: .venv-sglang/.installed
 
-.venv-sglang/.installed: scripts/install_sglang_cpu.sh tests/sglang_harness/requirements-cpu.txt pyproject.toml
-	scripts/install_sglang_cpu.sh .venv-sglang
+# torch is linked from $(VENV) (TORCH_FROM), not installed twice: CI machines can be short of disk.
+.venv-sglang/.installed: scripts/install_sglang_cpu.sh tests/sglang_harness/requirements-cpu.txt pyproject.toml \
+		$(VENV)/.installed
+	TORCH_FROM=$(VENV) scripts/install_sglang_cpu.sh .venv-sglang
 
 # The test command of the README and of CI (.ci/run calls exactly this): everything that runs without a GPU.
 test: install install-sglang
