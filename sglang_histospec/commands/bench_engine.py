@@ -113,8 +113,10 @@ def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int
 
 def _engines_epoch(engines: list, prompt_ids, token_ids, args, epoch: int) -> list[tuple[float, int, dict]]:
     """One epoch's requests on every engine: ``(seconds, tokens, info)`` each. Interleaved (the default), the
-    engines take steps in turn, so that a change in the machine's load hits all of them alike; with
-    ``--sequential`` each runs the whole epoch before the next. Seconds are the sums of each engine's step times."""
+    engines take steps in turn, so that a change in the machine's load hits all of them alike, and which goes first
+    alternates from round to round and from epoch to epoch (the first of a round runs on colder caches and memory:
+    the epoch's first round, its large prefill, costs the first engine a few percent more); with ``--sequential``
+    each runs the whole epoch before the next. Seconds are the sums of each engine's step times."""
     wall, cpu = [0.0] * len(engines), [0.0] * len(engines)
     results: list[list] = [[] for _ in engines]
     from sglang_histospec.demo.rollouts import epoch_requests
@@ -127,8 +129,10 @@ def _engines_epoch(engines: list, prompt_ids, token_ids, args, epoch: int) -> li
             e.add_request(r)
     order = [list(range(len(engines)))] if not args.sequential else [[i] for i in range(len(engines))]
     for group in order:
+        rounds = epoch
         while any(engines[i].has_unfinished() for i in group):
-            for i in group:
+            rounds += 1
+            for i in group if rounds % 2 else group[::-1]:
                 if engines[i].has_unfinished():
                     t, c = time.perf_counter(), time.process_time()
                     results[i].extend(engines[i].step())

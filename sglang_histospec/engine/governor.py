@@ -32,6 +32,17 @@ class GovernorConfig:
     """A drafting step the governor does not yet trust (a probe, or one before drafting was measured to win in its
     bucket) verifies at most this fraction of the step's modelled cost in draft rows: the cut's best nodes only,
     so a probe of drafting that loses costs at most that much more than a plain step."""
+    ramp_max: float = 64.0
+    """A trusted drafting step keeps at most ``probe_cost`` x its cost in draft rows times a ramp that starts at 1 at
+    each new history step, doubles after each drafting step whose accepted nodes paid for its draft rows (by the
+    step model) and halves after each that did not, up to this multiple: trust measured on a probe's small tree
+    is extended to larger trees one paying step at a time."""
+    scale_decay: float = 0.5
+    """Per drafting step, the weight of the past in the decayed sums of accepted and predicted draft nodes whose
+    ratio scales the calibrated probabilities the cut weighs (the selector's acceptance scale; 0 = the last step
+    only)."""
+    scale_prior: float = 4.0
+    """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or self.probe_every < 1 or self.max_probe_interval < self.probe_every:
@@ -42,6 +53,13 @@ class GovernorConfig:
             )
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"GovernorConfig.decay={self.decay}: use a value in [0, 1)")
+        if not self.ramp_max >= 1.0:
+            raise ValueError(f"GovernorConfig.ramp_max={self.ramp_max}: use a value >= 1 (math.inf: no limit)")
+        if not 0.0 <= self.scale_decay < 1.0 or not self.scale_prior > 0.0:
+            raise ValueError(
+                f"GovernorConfig(scale_decay={self.scale_decay}, scale_prior={self.scale_prior}): use scale_decay in "
+                "[0, 1) and scale_prior > 0"
+            )
         if not self.probe_cost > 0.0:
             raise ValueError(f"GovernorConfig.probe_cost={self.probe_cost}: use a value > 0 (math.inf: no cap)")
 

@@ -64,6 +64,8 @@ class Selection:
     """Request -> its draft and the draft nodes kept (they became tree nodes 1..), for requests with a tree."""
     drafted: bool
     """The drafter was asked (some budget > 0): a step with drafting work."""
+    predicted: float = 0.0
+    """Sum of the calibrated (unscaled) path probabilities of the verified nodes, when the cut weighed them."""
 
 
 class DraftSelector:
@@ -86,7 +88,15 @@ class DraftSelector:
     up to ``pause_steps`` while that keeps happening. A step the governor does not trust yet (a probe of drafting,
     or one before drafting was measured to win at this batch size) keeps at most ``probe_cost x`` the step's cost
     in rows: a probe that loses costs little, and the first steps of a new history are not spent on long trees
-    scored by rates learnt from another history.
+    scored by rates learnt from another history. A trusted step keeps at most that cap times a ramp
+    (``GovernorConfig.ramp_max``): 1 at a new history step, doubled after each drafting step whose accepted nodes
+    paid for its draft rows, halved after each that did not.
+
+    The acceptance scale: the cut weighs each calibrated probability times the ratio of accepted to predicted
+    nodes over the recent drafting steps (decayed sums, ``GovernorConfig.scale_decay``, from ``scale_prior``
+    predicted nodes of ratio 1 at each new history step), so that a scorer overconfident on this history (its rates
+    were learnt on another) stops paying rows for nodes the target rejects within a step or two, and one that is
+    underconfident gets more.
     """
 
     def __init__(
@@ -114,6 +124,8 @@ class DraftSelector:
         self._pause_len = 1  # length of the next pause (doubles while drafting keeps not paying)
         self._draft_s = 0.0  # decayed mean host time of a step's drafting work (seconds), saved by a paused step
         self._history_step = getattr(drafter, "open_step", None)
+        self._scale = [0.0, 0.0]  # decayed sums of accepted and predicted verified nodes (the acceptance scale)
+        self._ramp = 1.0  # multiple of the probe cap a trusted step may keep (doubles while drafting steps pay)
 
     def seed_step_cost(self, points: list[tuple[int, int, float]]) -> None:
         """Fit the step model to timed dummy passes ``(requests, rows, seconds)`` (``engine/profile.py``), weighed
@@ -130,6 +142,7 @@ class DraftSelector:
         if step != self._history_step:  # new history: whether drafting pays is measured anew
             self._history_step = step
             self._pause, self._pause_len = 0, 1
+            self._scale, self._ramp = [0.0, 0.0], 1.0
             if self.governor is not None:
                 self.governor.forget_drafting()
         if self._pause > 0 or (self.governor is not None and not self.governor.use_spec(len(running))):
@@ -150,38 +163,51 @@ class DraftSelector:
         ask = [i for i, b in enumerate(budgets) if b > 0]
         trees: list[tuple[list[int], list[int]] | None] = [None] * len(running)  # None = the root alone
         verified: dict[int, tuple[Draft, list[int]]] = {}
+        predicted = 0.0
         if ask:
             limits = [budgets[i] for i in ask]
             got = self.drafter.draft_batch([running[i].req.rid for i in ask], limits)
-            theta, scores = self._cut_scores(got, limits, len(running), prefill)
-            for i, d, sc in zip(ask, got, scores):
+            theta, scores, probs = self._cut_scores(got, limits, len(running), prefill)
+            for i, d, sc, pr in zip(ask, got, scores, probs):
                 if len(d):
                     toks, pars, kept = pack_draft(d, budgets[i], self.vocab_size, theta, sc)
                     if len(toks) > 1:
                         trees[i] = (toks, pars)
                         verified[i] = (d, kept)
+                        predicted += 0.0 if pr is None else float(pr[kept].sum())
         tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
         if ask:
             self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
-        return Selection(tb, verified, bool(ask))
+        return Selection(tb, verified, bool(ask), predicted)
+
+    def acceptance_scale(self) -> float:
+        """Accepted over predicted verified nodes, decayed, from ``scale_prior`` nodes of ratio 1 (1.0 without the
+        governor's settings, i.e. without the cut)."""
+        if self.governor is None:
+            return 1.0
+        prior = self.governor.cfg.scale_prior
+        return min(max((self._scale[0] + prior) / (self._scale[1] + prior), 0.05), 2.0)
 
     def _cut_scores(
         self, drafts: list[Draft], limits: list[int], bsz: int, prefill: int
-    ) -> tuple[float, list[list[float] | None]]:
-        """The cut's threshold and each draft's node scores for ``pack_draft`` (0.0 and None: keep every node):
-        1.0 for the ``_keep`` most likely nodes of the batch (ties in draft and BFS order, so a parent, never less
-        likely than its child, comes first), 0.0 for the rest, and the threshold 0.5."""
-        theta, scores = 0.0, [None] * len(drafts)
+    ) -> tuple[float, list[list[float] | None], list[np.ndarray | None]]:
+        """The cut's threshold, each draft's node scores for ``pack_draft`` (0.0 and None: keep every node) and its
+        calibrated path probabilities (None without the cut). Scores: 1.0 for the ``_keep`` most likely nodes of
+        the batch by calibrated probability times the acceptance scale (ties in draft and BFS order, so a parent,
+        never less likely than its child, comes first), 0.0 for the rest, and the threshold 0.5."""
+        theta, scores, probs = 0.0, [None] * len(drafts), [None] * len(drafts)
         if self.cut and self.step_cost.ready:
             flat = self.calibration.calibrate_drafts(drafts, limits)
-            order = np.argsort(-flat, kind="stable")
-            k = self._keep(flat[order], bsz, prefill)
+            splits = np.cumsum([min(len(d), n) for d, n in zip(drafts, limits)])[:-1]
+            probs = np.split(flat, splits)
+            weighed = np.minimum(flat * self.acceptance_scale(), 1.0)
+            order = np.argsort(-weighed, kind="stable")
+            k = self._keep(weighed[order], bsz, prefill)
             if k < len(flat):
                 keep = np.zeros(len(flat))
                 keep[order[:k]] = 1.0
-                sizes = [min(len(d), n) for d, n in zip(drafts, limits)]
-                theta, scores = 0.5, [part.tolist() for part in np.split(keep, np.cumsum(sizes)[:-1])]
-        return theta, scores
+                theta, scores = 0.5, [part.tolist() for part in np.split(keep, splits)]
+        return theta, scores, probs
 
     def _keep(self, desc: np.ndarray, bsz: int, prefill: int) -> int:
         """How many of the most likely draft nodes the step verifies: the cost-aware cut over ``desc`` [n], the
@@ -202,8 +228,8 @@ class DraftSelector:
         else:
             self._pause_len = 1
         gov = self.governor
-        if gov is not None and row > 0.0 and math.isfinite(gov.cfg.probe_cost) and not gov.trusts_spec(bsz):
-            k = min(k, int(gov.cfg.probe_cost * base / row))  # a probe: its best nodes only
+        if gov is not None and row > 0.0 and math.isfinite(gov.cfg.probe_cost):  # a probe: its best nodes only
+            k = min(k, int(gov.cfg.probe_cost * base / row * (self._ramp if gov.trusts_spec(bsz) else 1.0)))
         return max(k, 1)
 
     def observe(
@@ -215,6 +241,8 @@ class DraftSelector:
             return
         if sel.verified:  # what was accepted calibrates the drafted probabilities
             self._learn(sel.verified, walks)
+            if sel.predicted > 0.0 and self.governor is not None:
+                self._learn_scale(sel, walks, bsz)
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
             self.step_cost.observe(bsz, sel.tb.num_rows + prefill, time.perf_counter() - started)
         elif self._pause > 0:
@@ -223,6 +251,16 @@ class DraftSelector:
         if self.governor is not None:  # measured tokens/s, less the modelled cost of a merged prefill
             elapsed = time.perf_counter() - started - self.step_cost.row_cost() * prefill
             self.governor.observe(bsz, sel.drafted, emitted, max(elapsed, 1e-6))
+
+    def _learn_scale(self, sel: Selection, walks: list[WalkResult], bsz: int) -> None:
+        """Update the acceptance scale and the ramp from a step the cut weighed: did its accepted nodes pay for its
+        draft rows at the step model's cost of a row against a plain step's cost per token?"""
+        cfg = self.governor.cfg
+        accepted = sum(len(walks[b].accepted_nodes) for b in sel.verified)
+        self._scale = [cfg.scale_decay * self._scale[0] + accepted, cfg.scale_decay * self._scale[1] + sel.predicted]
+        rows = sel.tb.num_rows - bsz
+        paid = accepted * self.step_cost.base_cost(bsz) >= rows * self.step_cost.row_cost() * bsz
+        self._ramp = min(2.0 * self._ramp, cfg.ramp_max) if paid else max(0.5 * self._ramp, 1.0)
 
     def _learn(self, verified: dict[int, tuple[Draft, list[int]]], walks: list[WalkResult]) -> None:
         """Teach the calibration this step's verified drafts: request b's ``kept`` draft nodes became its tree

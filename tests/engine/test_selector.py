@@ -114,20 +114,64 @@ def _cheap_rows() -> StepCostModel:
     return model
 
 
-@pytest.mark.parametrize("trusted, rows", [(False, 25), (True, 40)])
-def test_a_probe_of_drafting_verifies_only_its_best_nodes(trusted, rows):
+@pytest.mark.parametrize("trusted, ramp, rows", [(False, 1.0, 25), (True, 1.0, 25), (False, 4.0, 25), (True, 2.0, 40)])
+def test_a_probe_of_drafting_verifies_only_its_best_nodes(trusted, ramp, rows):
     """Until the governor measured drafting to win, a step keeps at most probe_cost x its cost in rows: 0.25 x
-    102.5 ms / 1 ms = 25.6, so 25 of the 40 nodes that pay; once trusted, all of them."""
+    102.5 ms / 1 ms = 25.6, so 25 of the 40 nodes that pay; once trusted, that cap times the ramp (51 at 2)."""
     drafter = ScriptedDrafter({"p0": list(range(10, 50))})
     scripted = drafter.draft
     drafter.draft = lambda rid, b: dataclasses.replace(scripted(rid, b), source="anchors")  # probabilities as drafted
     sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="cost")
     sel.step_cost = _cheap_rows()
     sel.governor.trusts_spec = lambda bsz: trusted
+    sel._ramp = ramp
     [st] = _running(1, max_new=64)
     drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
     got = sel.select([st], prefill=0, started=time.perf_counter())
     assert got.tb.num_rows - 1 == rows
+
+
+def _cut_step(sel, st, accepted: int):
+    """One selected step of request ``st`` whose first ``accepted`` tree nodes the target accepted."""
+    got = sel.select([st], prefill=0, started=time.perf_counter())
+    walk = WalkResult(list(range(1, accepted + 1)), [3] * (accepted + 1), [0] * (accepted + 1))
+    sel.observe(got, [walk], 1, 0, accepted + 1, time.perf_counter())
+    return got
+
+
+@pytest.mark.parametrize(
+    "accepted, ramp, scale",
+    [
+        (25, 2.0, 1.0),  # every probed node accepted: they paid, the ramp doubles, the scale stays at 1
+        (1, 2.0, 5 / 29),  # one token saves a 102.5 ms step for 25 rows at 1 ms: paid; the scale falls
+        (0, 1.0, 4 / 29),  # none accepted: the ramp stays at its floor
+    ],
+)
+def test_ramp_and_acceptance_scale_follow_what_was_accepted(accepted, ramp, scale):
+    """A step keeps 25 nodes drafted at probability 1 (the probe cap): its accepted count moves the ramp and the
+    acceptance scale (decayed sums from 4 predicted nodes of ratio 1)."""
+    drafter = ScriptedDrafter({"p0": list(range(10, 50))})
+    scripted = drafter.draft
+    drafter.draft = lambda rid, b: dataclasses.replace(scripted(rid, b), source="anchors")
+    sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="cost")
+    sel.step_cost = _cheap_rows()
+    [st] = _running(1, max_new=64)
+    drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+    got = _cut_step(sel, st, accepted)
+    assert got.tb.num_rows - 1 == 25 and got.predicted == pytest.approx(25.0)
+    assert sel._ramp == ramp
+    assert sel.acceptance_scale() == pytest.approx(scale)
+
+
+def test_new_history_step_resets_ramp_and_scale():
+    drafter = ScriptedDrafter({"p0": [7, 8]})
+    drafter.open_step = 0
+    sel = _selector(drafter, draft_selection="cost")
+    sel.step_budgets(_running(1))
+    sel._ramp, sel._scale = 8.0, [1.0, 9.0]
+    drafter.open_step = 1
+    sel.step_budgets(_running(1))
+    assert sel._ramp == 1.0 and sel.acceptance_scale() == 1.0
 
 
 def test_new_history_step_ends_a_pause():
