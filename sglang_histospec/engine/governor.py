@@ -37,6 +37,10 @@ class GovernorConfig:
     each new history step, doubles after each drafting step whose accepted nodes paid for its draft rows (by the
     step model) and halves after each that did not, up to this multiple: trust measured on a probe's small tree
     is extended to larger trees one paying step at a time."""
+    trusted_weight: float = 0.25
+    """Weight of each drafting step the governor trusts in the measured ratio (against the last plain mean, which
+    may be older: contexts grow, so it errs towards plain decoding), so a drafter that stops paying loses the trust
+    within a few steps instead of at the next probe of plain decoding (0 = only probes update the ratio)."""
     scale_decay: float = 0.5
     """Per drafting step, the weight of the past in the decayed sums of accepted and predicted draft nodes whose
     ratio scales the calibrated probabilities the cut weighs (the selector's acceptance scale; 0 = the last step
@@ -53,6 +57,8 @@ class GovernorConfig:
             )
         if not 0.0 <= self.decay < 1.0:
             raise ValueError(f"GovernorConfig.decay={self.decay}: use a value in [0, 1)")
+        if not 0.0 <= self.trusted_weight < 1.0:
+            raise ValueError(f"GovernorConfig.trusted_weight={self.trusted_weight}: use a value in [0, 1)")
         if not self.ramp_max >= 1.0:
             raise ValueError(f"GovernorConfig.ramp_max={self.ramp_max}: use a value >= 1 (math.inf: no limit)")
         if not 0.0 <= self.scale_decay < 1.0 or not self.scale_prior > 0.0:
@@ -95,7 +101,9 @@ class SpecGovernor:
     of drafting over plain tokens/s, updated only by observations of the losing mode, each divided by the winner's
     current mean. Comparing two absolute means instead would compare a fresh one with a stale one, and step times
     drift within an epoch (contexts grow, prefills merge in): a plain rate falling below an old drafting rate would
-    read as a win for drafting that no step measured.
+    read as a win for drafting that no step measured. Drafting steps the governor trusts are re-checked too, with
+    less weight (``trusted_weight``), against the plain mean: a stale plain mean errs towards plain decoding, the
+    safe side, and a drafter that stops paying is caught within a few steps, not at the next probe.
     """
 
     def __init__(self, config: GovernorConfig | None = None) -> None:
@@ -158,6 +166,9 @@ class SpecGovernor:
         if b.log_ratio is not None and bool(drafted) != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:
             r = math.log(rate / b.rate[0]) if mode else math.log(b.rate[1] / rate)  # the loser against the winner now
             b.log_ratio = 0.5 * b.log_ratio + 0.5 * r
+        elif b.log_ratio is not None and drafted and b.rate[0] > 0.0 and rate > 0.0:  # trusted drafting, re-checked
+            w = self.cfg.trusted_weight
+            b.log_ratio = (1.0 - w) * b.log_ratio + w * math.log(rate / b.rate[0])
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
         keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay

@@ -103,3 +103,14 @@ def test_drafting_is_trusted_only_once_measured_to_win():
     assert not g.trusts_spec(16)  # a new history: measured anew
     run(g, 40, 16, spec_rate=50.0, plain_rate=100.0)
     assert not g.trusts_spec(16)
+
+
+@pytest.mark.parametrize("trusted_weight, first_plain", [(0.25, range(1, 5)), (0.0, range(5, 17))])
+def test_trusted_drafting_that_stops_paying_loses_the_trust_within_a_few_steps(trusted_weight, first_plain):
+    """Drafting won (2x); then it runs at 0.7x plain: each trusted drafting step is re-checked against the plain
+    mean, so the governor falls back to plain decoding before its next plain probe (every 16 steps)."""
+    g = SpecGovernor(GovernorConfig(trusted_weight=trusted_weight))
+    run(g, 200, 8, spec_rate=200.0, plain_rate=100.0)
+    assert g.trusts_spec(8)
+    losing = run(g, 40, 8, spec_rate=70.0, plain_rate=100.0)
+    assert losing.index(False) in first_plain
