@@ -18,6 +18,7 @@ HELP = "simulate a trace's rollout steps on W workers under a HistoPipe policy (
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Cost model, predictor and planner flags shared with ``histospec bench pipe``."""
+    from sglang_histospec.pipe.planner import OVERLAP_MIGRATION
     from sglang_histospec.pipe.worker_cost import CostModelConfig
 
     d = CostModelConfig()
@@ -54,6 +55,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="overlap: also defer a tail request past this x the step's mean predicted length (default: off)",
+    )
+    p.add_argument(
+        "--overlap-migration",
+        choices=OVERLAP_MIGRATION,
+        default="drain",
+        help="overlap: where stragglers go (off: deferred ones to the next step's least-loaded worker; drain: to an "
+        "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times)",
     )
 
 
@@ -92,6 +100,7 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         tail_fraction=args.tail_fraction,
         max_deferrals=args.max_deferrals,
         defer_step_factor=args.defer_step_factor,
+        overlap_migration=args.overlap_migration,
     )
     return PipeSimulator(
         PipeSimConfig(workers=workers, overlap=overlap, outliers=args.outliers, oracle=oracle),
