@@ -18,7 +18,7 @@ HELP = "simulate a trace's rollout steps on W workers under a HistoPipe policy (
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Cost model, predictor and planner flags shared with ``histospec bench pipe``."""
-    from sglang_histospec.pipe.planner import OVERLAP_MIGRATION
+    from sglang_histospec.pipe.simulator import OVERLAP_MIGRATION
     from sglang_histospec.pipe.worker_cost import CostModelConfig
 
     d = CostModelConfig()
@@ -63,6 +63,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="overlap: where stragglers go (off: deferred ones to the next step's least-loaded worker; drain: to an "
         "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times)",
     )
+    p.add_argument(
+        "--no-steal",
+        dest="steal",
+        action="store_false",
+        help="overlap: a waiting worker never takes unstarted requests of its step from a late worker",
+    )
 
 
 def _quantile_arg(text: str) -> float | str | None:
@@ -100,10 +106,16 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         tail_fraction=args.tail_fraction,
         max_deferrals=args.max_deferrals,
         defer_step_factor=args.defer_step_factor,
-        overlap_migration=args.overlap_migration,
     )
     return PipeSimulator(
-        PipeSimConfig(workers=workers, overlap=overlap, outliers=args.outliers, oracle=oracle),
+        PipeSimConfig(
+            workers=workers,
+            overlap=overlap,
+            outliers=args.outliers,
+            oracle=oracle,
+            overlap_migration=args.overlap_migration,
+            steal=args.steal,
+        ),
         planner,
         cost,
         LengthPredictorConfig(window=args.window),

@@ -17,7 +17,6 @@ from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor
 from sglang_histospec.pipe.worker_cost import CostModel
 
 POLICIES = ("round-robin", "lpt", "histopipe")
-OVERLAP_MIGRATION = ("off", "drain", "always")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +53,6 @@ class PlannerConfig:
     """With one-step overlap: in the tail, also defer a request that has emitted more than this times the step's
     mean predicted length, even when its own history predicted it long (a straggler the step need not wait
     for); None = judge each request against its own prompt's history only."""
-    overlap_migration: str = "drain"
-    """With one-step overlap, where stragglers go (one of ``OVERLAP_MIGRATION``). ``off``: a deferred request
-    continues on the worker of the next step with the fewest requests, and one that may not be deferred stays.
-    ``drain``: a deferred request continues on an idle worker when there is one (alone: no batch-mates slow it),
-    and in the last step (nothing to defer to) a straggler past the deferral threshold moves to an idle worker,
-    as in synchronous mode. ``always``: also mid-run, a straggler deferred ``max_deferrals`` times moves to an
-    idle worker. Each request migrates at most once. Simulator only: the router's deferred requests keep running
-    where they are."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -80,10 +71,6 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig.max_deferrals={self.max_deferrals!r}: must be an int >= 1")
         if not 0.0 <= self.tail_fraction <= 1.0:
             raise ValueError(f"PlannerConfig.tail_fraction={self.tail_fraction!r}: must be in [0, 1]")
-        if self.overlap_migration not in OVERLAP_MIGRATION:
-            raise ValueError(
-                f"PlannerConfig.overlap_migration={self.overlap_migration!r}: choose one of {', '.join(OVERLAP_MIGRATION)}"
-            )
 
 
 @dataclass(slots=True)

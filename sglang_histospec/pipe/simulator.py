@@ -27,6 +27,8 @@ from sglang_histospec.pipe.planner import (
 from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.pipe.worker_sim import WorkerSim
 
+OVERLAP_MIGRATION = ("off", "drain", "always")
+"""Values of :attr:`PipeSimConfig.overlap_migration`."""
 CHECK_INTERVAL = 0.01
 """Outlier scans of a step's tail are at least this share of the step's elapsed time apart."""
 
@@ -63,10 +65,27 @@ class PipeSimConfig:
     oracle: bool = False
     """Plan every step with its realized lengths (each group's mean) instead of history: a reference that
     separates prediction error from what placement alone can reach."""
+    overlap_migration: str = "drain"
+    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``). ``off``: a deferred request continues on
+    the worker of the next step with the fewest requests, and one that may not be deferred stays. ``drain``: a
+    deferred request continues on an idle worker when there is one (alone: no batch-mates slow it), and in the
+    last step (nothing to defer to) a straggler past the deferral threshold moves to an idle worker, as in
+    synchronous mode. ``always``: also mid-run, a straggler deferred ``max_deferrals`` times moves to an idle
+    worker. Each request migrates at most once."""
+    steal: bool = True
+    """With overlap: a worker that has finished its share of a step and would wait takes part of the unstarted
+    share of the same step from a worker still on an earlier step (late binding: the plan's backlog estimates
+    miss stragglers). The two split that share longest predicted first, each request to the one predicted to
+    finish first (:meth:`CostModel.batch_time`, the other after draining its current work)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.workers, int) and self.workers >= 1):
             raise ValueError(f"PipeSimConfig.workers={self.workers!r}: must be an int >= 1")
+        if self.overlap_migration not in OVERLAP_MIGRATION:
+            raise ValueError(
+                f"PipeSimConfig.overlap_migration={self.overlap_migration!r}: choose one of "
+                f"{', '.join(OVERLAP_MIGRATION)}"
+            )
 
 
 @dataclass(slots=True)
@@ -163,8 +182,9 @@ class PipeSimulator:
     tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
     which lets its step complete. A request is migrated at most once and deferred at most ``max_deferrals`` times;
     with ``defer_step_factor`` a straggler past that many times the step's mean predicted length is deferred too.
-    With overlap, ``overlap_migration`` (``PlannerConfig``) says whether a deferred request continues on an idle
-    worker and whether a straggler that may not be deferred (of the last step; with ``always`` any) migrates to one.
+    With overlap, ``overlap_migration`` (:class:`PipeSimConfig`) says whether a deferred request continues on an idle
+    worker and whether a straggler that may not be deferred (of the last step; with ``always`` any) migrates to one,
+    and ``steal`` lets a worker that would wait take unstarted requests of its step from a worker that is late.
 
     Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
     max(longest request alone, total work / W); overlap: the larger of max(longest request alone, total work of the
@@ -288,6 +308,43 @@ class _Run:
                 self.workers[w].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
             self.out[w] = len(keys)
             self._schedule(w)
+        if self.cfg.overlap and self.cfg.steal and self.out[w] == 0 and self.workers[w].is_idle():
+            self._steal(w, t)
+
+    def _steal(self, u: int, t: float) -> None:
+        """Idle worker ``u`` takes part of the unstarted share of its step (see ``PipeSimConfig.steal``) from the
+        worker with the most unstarted requests there that is still on an earlier step."""
+        s = self.cur[u]
+        victims = [v for v in range(len(self.workers)) if v != u and self.cur[v] < s and self.todo.get((s, v))]
+        if s < 0 or not victims:
+            return
+        v = max(victims, key=lambda v: (len(self.todo[(s, v)]), -v))
+        take, self.todo[(s, v)] = self._balance(v, self.todo[(s, v)])
+        if not take:
+            return
+        self.start[s] = min(self.start[s], t)
+        if s == len(self.steps) - 1 and self.steady_to is None:
+            self.steady_to = (t, self._busy_at(t))
+        for key in take:
+            r = self.reqs[key]
+            self.workers[u].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+        self.out[u] += len(take)
+        self._schedule(u)
+
+    def _balance(self, v: int, keys: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+        """Split worker ``v``'s unstarted ``keys`` between an idle worker (first list) and ``v`` (second), longest
+        predicted first, each to the side predicted to finish first (``v`` after draining its current work)."""
+        worker = self.workers[v]
+        base = [0.0, 0.0 if worker.is_idle() else worker.drain_time(self._remaining)]
+        sides: list[list[tuple]] = [[], []]
+        reqs: list[list[tuple[int, int]]] = [[], []]
+        for key in sorted(keys, key=lambda k: -remaining_length(self.reqs[k].estimate, self.reqs[k].done)):
+            r = self.reqs[key]
+            req = (r.prompt_len + r.done, remaining_length(r.estimate, r.done))
+            side = min((0, 1), key=lambda x: (base[x] + self.cost.batch_time(reqs[x] + [req]), x))
+            sides[side].append(key)
+            reqs[side].append(req)
+        return sides[0], sides[1]
 
     def _plan(self, s: int, t: float) -> None:
         work = self.steps[s]
@@ -398,7 +455,7 @@ class _Run:
             return "migrate" if r.moves < 1 else None
         if r.moves < self.pcfg.max_deferrals and r.step + 1 < len(self.steps):
             return "defer"
-        rule = self.pcfg.overlap_migration
+        rule = self.cfg.overlap_migration
         last = r.step + 1 == len(self.steps)
         return "migrate" if not r.migrated and (rule == "always" or (rule == "drain" and last)) else None
 
@@ -482,7 +539,7 @@ class _Run:
         self.moves[s] += 1
         self.unfinished[s] -= 1
         ahead = [v for v in range(len(self.workers)) if self.cur[v] == s + 1]
-        idle = self._hosts(s + 1, w) if self.pcfg.overlap_migration != "off" else []
+        idle = self._hosts(s + 1, w) if self.cfg.overlap_migration != "off" else []
         if idle:  # an idle worker takes it at once, alone
             v = idle[0]
             self.workers[v].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)

@@ -299,7 +299,6 @@ def test_plan_call_rejects_bad_input(args: tuple, match: str) -> None:
         ("max_deferrals", 1.5),
         ("defer_step_factor", 0.0),
         ("defer_step_factor", -1.0),
-        ("overlap_migration", "sometimes"),
     ],
 )
 def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) -> None:

@@ -8,8 +8,9 @@ from functools import cache
 import pytest
 
 from sglang_histospec.pipe.lengths import LengthPredictor
-from sglang_histospec.pipe.planner import OVERLAP_MIGRATION, POLICIES, Group, PlannerConfig
+from sglang_histospec.pipe.planner import POLICIES, Group, PlannerConfig
 from sglang_histospec.pipe.simulator import (
+    OVERLAP_MIGRATION,
     PipeSimConfig,
     PipeSimulator,
     StepWork,
@@ -39,9 +40,9 @@ def _long_tailed(prompts: int = 48, epochs: int = 4, seed: int = 0) -> tuple[Ste
 
 
 def _sim(policy: str, workers: int, overlap: bool = False, cost: CostModelConfig | None = None, **kw) -> PipeSimulator:
-    outliers = kw.pop("outliers", True)
+    sim = {k: kw.pop(k) for k in ("outliers", "overlap_migration", "steal") if k in kw}
     return PipeSimulator(
-        PipeSimConfig(workers=workers, overlap=overlap, outliers=outliers),
+        PipeSimConfig(workers=workers, overlap=overlap, **sim),
         PlannerConfig(policy=policy, **kw),
         CostModel(cost or CostModelConfig()),
     )
@@ -195,6 +196,27 @@ def test_drain_moves_a_last_step_straggler_to_an_idle_worker() -> None:
     assert off.migrations == 0 and drain.migrations == 1
     assert [s.requests for s in drain.per_step] == [8, 8]
     assert drain.makespan < off.makespan and drain.idle_fraction < off.idle_fraction
+
+
+@pytest.mark.parametrize(("steal", "makespan"), [(False, 3100.0), (True, 3000.0)])
+def test_a_waiting_worker_steals_the_unstarted_share_of_a_late_one(steal: bool, makespan: float) -> None:
+    # 1 s per iteration, round-robin: worker 0 runs "a" (3000 s) then would run "c"; worker 1 runs "b", then "d",
+    # and is done at 110 s. Stealing, it takes both of c's requests (worker 0 is predicted busy until 3000 s).
+    predictor = LengthPredictor()
+    for pid, n in (("a", 3000), ("b", 10), ("c", 100), ("d", 100)):
+        predictor.add(pid, 0, [n, n])
+    work = [
+        StepWork(1, [Group("a", 2), Group("b", 2)], [[3000, 3000], [10, 10]]),
+        StepWork(2, [Group("c", 2), Group("d", 2)], [[100, 100], [100, 100]]),
+    ]
+    sim = _sim("round-robin", 2, overlap=True, cost=UNIT, outliers=False, steal=steal)
+    result = sim.run(work, predictor=predictor)
+    assert result.makespan == makespan and [s.requests for s in result.per_step] == [4, 4]
+
+
+def test_pipe_sim_config_rejects_an_unknown_migration_rule() -> None:
+    with pytest.raises(ValueError, match="overlap_migration"):
+        PipeSimConfig(overlap_migration="sometimes")
 
 
 @pytest.mark.parametrize("rule", OVERLAP_MIGRATION)
