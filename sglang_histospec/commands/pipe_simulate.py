@@ -59,15 +59,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overlap-migration",
         choices=OVERLAP_MIGRATION,
-        default="drain",
+        default="off",
         help="overlap: where stragglers go (off: deferred ones to the next step's least-loaded worker; drain: to an "
         "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times)",
     )
     p.add_argument(
-        "--no-steal",
-        dest="steal",
-        action="store_false",
-        help="overlap: a waiting worker never takes unstarted requests of its step from a late worker",
+        "--steal",
+        action="store_true",
+        help="overlap: a waiting worker takes part of a late worker's unstarted share of its step",
     )
 
 
