@@ -66,18 +66,17 @@ class PipeSimConfig:
     """Plan every step with its realized lengths (each group's mean) instead of history: a reference that
     separates prediction error from what placement alone can reach."""
     overlap_migration: str = "off"
-    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``; opt-in, docs/benchmarks.md "Long-tailed
-    traces" says when). ``off``: a deferred request continues on the worker of the next step with the fewest
-    requests, and one that may not be deferred stays. ``drain``: a
-    deferred request continues on an idle worker when there is one (alone: no batch-mates slow it), and in the
-    last step (nothing to defer to) a straggler past the deferral threshold moves to an idle worker, as in
-    synchronous mode. ``always``: also mid-run, a straggler deferred ``max_deferrals`` times moves to an idle
-    worker. Each request migrates at most once."""
+    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``; opt-in: docs/benchmarks.md, "Long-tailed
+    traces", says when). ``off``: a deferred request continues on the worker of the next step with the fewest
+    requests, and one that may not be deferred stays. ``drain``: a deferred request continues on an idle worker
+    when there is one (alone: no batch-mates slow it), and in the last step (nothing to defer to) a straggler
+    past the deferral threshold moves to an idle worker, as in synchronous mode. ``always``: also mid-run, a
+    straggler deferred ``max_deferrals`` times moves to an idle worker. Each request migrates at most once."""
     steal: bool = False
-    """With overlap (opt-in, like ``overlap_migration``): a worker that has finished its share of a step and would wait takes part of the unstarted
-    share of the same step from a worker still on an earlier step (late binding: the plan's backlog estimates
-    miss stragglers). The two split that share longest predicted first, each request to the one predicted to
-    finish first (:meth:`CostModel.batch_time`, the other after draining its current work)."""
+    """With overlap (opt-in, like ``overlap_migration``): a worker that has finished its share of a step and would
+    wait takes part of the unstarted share of the same step from a worker still on an earlier step (late binding:
+    the plan's backlog estimates miss stragglers). The two split that share longest predicted first, each request
+    to the one predicted to finish first (:meth:`CostModel.batch_time`, the other after draining its work)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.workers, int) and self.workers >= 1):
