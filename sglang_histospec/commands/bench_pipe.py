@@ -3,9 +3,10 @@
 Example: ``histospec bench pipe --workers 8,32 --json`` simulates a long-tailed synthetic trace per worker count
 (``--prompts-per-worker`` prompts per worker, so every worker holds the same load whatever W) or ``--trace``
 (the same trace for every W) and prints, per worker count, mode and policy: makespan, lower bound, gap to the
-bound, idle fraction, tail share and moved requests. The last stdout line (``--json``) holds them all under
-``results`` and a ``summary`` per worker count. ``histopipe-oracle`` plans with the realized lengths: the
-distance from it to ``histopipe`` is the cost of prediction error, from it to the bound the bound's slack. Overlap runs are one step off-policy (pipe/simulator.py).
+bound, idle fraction (whole run, steady, and the floor the bound leaves), tail share and moved requests. The last
+stdout line (``--json``) holds them all under ``results`` and a ``summary`` per worker count. ``histopipe-oracle``
+plans with the realized lengths: the distance from it to ``histopipe`` is the cost of prediction error, from it to
+the bound the bound's slack. Overlap runs are one step off-policy (pipe/simulator.py).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     variants = [(p, False) for p in policies] + ([("histopipe", True)] if "histopipe" in policies else [])
     runs = len(workers) * len(modes) * len(variants)
     print(
-        f"{'W':>3} {'mode':>7} {'policy':>11} {'makespan_s':>11} {'bound_s':>9} {'gap':>7} {'idle':>6} {'steady':>6} {'tail':>6} {'moved':>5} {'warm_gap':>8}"
+        f"{'W':>3} {'mode':>7} {'policy':>11} {'makespan_s':>11} {'bound_s':>9} {'gap':>7} {'idle':>6} {'steady':>6} {'floor':>6} {'tail':>6} {'moved':>5} {'warm_gap':>8}"
     )
     with tqdm(total=runs, desc="bench pipe", unit="run", file=sys.stderr) as bar:
         for w in workers:
@@ -119,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                     steady = "-" if r["steady_idle_fraction"] is None else f"{r['steady_idle_fraction']:.1%}"
                     print(
                         f"{w:>3} {mode:>7} {policy:>11} {r['makespan']:>11.1f} {r['lower_bound']:>9.1f} "
-                        f"{r['bound_gap']:>7.1%} {r['idle_fraction']:>6.1%} {steady:>6} {r['tail_share']:>6.1%} "
+                        f"{r['bound_gap']:>7.1%} {r['idle_fraction']:>6.1%} {steady:>6} {r['idle_floor']:>6.1%} "
+                        f"{r['tail_share']:>6.1%} "
                         f"{r['migrations']:>5} {warm:>8}"
                     )
                     bar.update(1)
@@ -143,6 +145,7 @@ def _summary(rows: list[dict]) -> dict:
         mode = "overlap" if r["overlap"] else "sync"
         out[f"{r['policy']}_{mode}_idle"] = r["idle_fraction"]
         out[f"{r['policy']}_{mode}_steady_idle"] = r["steady_idle_fraction"]
+        out[f"{r['policy']}_{mode}_idle_floor"] = r["idle_floor"]
         out[f"{r['policy']}_{mode}_gap"] = r["bound_gap"]
         out[f"{r['policy']}_{mode}_makespan"] = r["makespan"]
         if r["warm_bound_gap"] is not None:

@@ -18,6 +18,7 @@ HELP = "simulate a trace's rollout steps on W workers under a HistoPipe policy (
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Cost model, predictor and planner flags shared with ``histospec bench pipe``."""
+    from sglang_histospec.pipe.simulator import OVERLAP_MIGRATION
     from sglang_histospec.pipe.worker_cost import CostModelConfig
 
     d = CostModelConfig()
@@ -54,6 +55,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="overlap: also defer a tail request past this x the step's mean predicted length (default: off)",
+    )
+    p.add_argument(
+        "--overlap-migration",
+        choices=OVERLAP_MIGRATION,
+        default="off",
+        help="overlap: where stragglers go (off: deferred ones to the next step's least-loaded worker; drain: to an "
+        "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times)",
+    )
+    p.add_argument(
+        "--steal",
+        action="store_true",
+        help="overlap: a waiting worker takes part of a late worker's unstarted share of its step",
     )
 
 
@@ -94,7 +107,14 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         defer_step_factor=args.defer_step_factor,
     )
     return PipeSimulator(
-        PipeSimConfig(workers=workers, overlap=overlap, outliers=args.outliers, oracle=oracle),
+        PipeSimConfig(
+            workers=workers,
+            overlap=overlap,
+            outliers=args.outliers,
+            oracle=oracle,
+            overlap_migration=args.overlap_migration,
+            steal=args.steal,
+        ),
         planner,
         cost,
         LengthPredictorConfig(window=args.window),

@@ -27,6 +27,8 @@ from sglang_histospec.pipe.planner import (
 from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.pipe.worker_sim import WorkerSim
 
+OVERLAP_MIGRATION = ("off", "drain", "always")
+"""Values of :attr:`PipeSimConfig.overlap_migration`."""
 CHECK_INTERVAL = 0.01
 """Outlier scans of a step's tail are at least this share of the step's elapsed time apart."""
 
@@ -63,10 +65,27 @@ class PipeSimConfig:
     oracle: bool = False
     """Plan every step with its realized lengths (each group's mean) instead of history: a reference that
     separates prediction error from what placement alone can reach."""
+    overlap_migration: str = "off"
+    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``; opt-in: docs/benchmarks.md, "Long-tailed
+    traces", says when). ``off``: a deferred request continues on the worker of the next step with the fewest
+    requests, and one that may not be deferred stays. ``drain``: a deferred request continues on an idle worker
+    when there is one (alone: no batch-mates slow it), and in the last step (nothing to defer to) a straggler
+    past the deferral threshold moves to an idle worker, as in synchronous mode. ``always``: also mid-run, a
+    straggler deferred ``max_deferrals`` times moves to an idle worker. Each request migrates at most once."""
+    steal: bool = False
+    """With overlap (opt-in, like ``overlap_migration``): a worker that has finished its share of a step and would
+    wait takes part of the unstarted share of the same step from a worker still on an earlier step (late binding:
+    the plan's backlog estimates miss stragglers). The two split that share longest predicted first, each request
+    to the one predicted to finish first (:meth:`CostModel.batch_time`, the other after draining its work)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.workers, int) and self.workers >= 1):
             raise ValueError(f"PipeSimConfig.workers={self.workers!r}: must be an int >= 1")
+        if self.overlap_migration not in OVERLAP_MIGRATION:
+            raise ValueError(
+                f"PipeSimConfig.overlap_migration={self.overlap_migration!r}: choose one of "
+                f"{', '.join(OVERLAP_MIGRATION)}"
+            )
 
 
 @dataclass(slots=True)
@@ -97,6 +116,9 @@ class PipeSimResult:
     steady_idle_fraction: float | None = None
     """Idle share from the completion of the last step planned without full history to the start of the last
     step: without the cold start and the final drain (a long run's steady state); None when that is empty."""
+    idle_floor: float = 0.0
+    """Idle share this run's busy worker-time would leave at a makespan equal to ``lower_bound``: the idle no
+    schedule doing the same work avoids (with overlap, set by :func:`gate_bound`)."""
 
     def warm_bound_gap(self) -> float | None:
         """Synchronous runs: makespan over the bound, minus 1, summed over steps where every prompt had history."""
@@ -117,6 +139,7 @@ class PipeSimResult:
             "bound_gap": self.makespan / self.lower_bound - 1.0 if self.lower_bound > 0 else 0.0,
             "idle_fraction": self.idle_fraction,
             "steady_idle_fraction": self.steady_idle_fraction,
+            "idle_floor": self.idle_floor,
             "tail_share": self.tail_share,
             "migrations": self.migrations,
             "warm_steps": sum(s.history_share >= 1.0 for s in self.per_step),
@@ -134,6 +157,7 @@ class _Req:
     estimate: LengthEstimate
     done: int = 0  # tokens emitted before its current submission
     moves: int = 0  # times it was migrated or deferred
+    migrated: bool = False  # moved to an idle worker once already
 
 
 class PipeSimulator:
@@ -158,12 +182,17 @@ class PipeSimulator:
     tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
     which lets its step complete. A request is migrated at most once and deferred at most ``max_deferrals`` times;
     with ``defer_step_factor`` a straggler past that many times the step's mean predicted length is deferred too.
+    With overlap, ``overlap_migration`` (:class:`PipeSimConfig`) says whether a deferred request continues on an idle
+    worker and whether a straggler that may not be deferred (of the last step; with ``always`` any) migrates to one,
+    and ``steal`` lets a worker that would wait take unstarted requests of its step from a worker that is late.
 
     Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
-    max(longest request alone, total work / W); overlap: max(longest request alone, total work of the run / W),
-    see :meth:`CostModel.lower_bound`), ``idle_fraction`` (idle worker-time / (W x makespan); a worker is busy while
-    it holds a running request), ``tail_share`` (time from the moment 90 % of a step's requests have finished to the
-    step's end, summed over steps, over the summed step makespans), ``migrations`` (moved or deferred requests).
+    max(longest request alone, total work / W); overlap: the larger of max(longest request alone, total work of the
+    run / W), see :meth:`CostModel.lower_bound`, and :func:`gate_bound`), ``idle_fraction`` (idle worker-time /
+    (W x makespan); a worker is busy while it holds a running request), ``idle_floor`` (the idle share the run's
+    busy time leaves at a makespan equal to the bound), ``tail_share`` (time from the moment 90 % of a step's
+    requests have finished to the step's end, summed over steps, over the summed step makespans), ``migrations``
+    (moved or deferred requests).
     """
 
     def __init__(
@@ -207,6 +236,7 @@ class _Run:
         self.heap: list[tuple[float, int, int]] = []
         self.cur = [-1] * W  # step index each worker is on
         self.out = [0] * W  # unfinished requests of its current step on each worker
+        self.guests: set[tuple] = set()  # requests migrated to a worker on a later step (not in its out count)
         self.todo: dict[tuple[int, int], list[tuple]] = {}  # (step index, worker) -> keys not yet submitted
         self.reqs: dict[tuple, _Req] = {}
         self.plans: dict[int, StepPlan] = {}
@@ -278,13 +308,50 @@ class _Run:
                 self.workers[w].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
             self.out[w] = len(keys)
             self._schedule(w)
+        if self.cfg.overlap and self.cfg.steal and self.out[w] == 0 and self.workers[w].is_idle():
+            self._steal(w, t)
+
+    def _steal(self, u: int, t: float) -> None:
+        """Idle worker ``u`` takes part of the unstarted share of its step (see ``PipeSimConfig.steal``) from the
+        worker with the most unstarted requests there that is still on an earlier step."""
+        s = self.cur[u]
+        victims = [v for v in range(len(self.workers)) if v != u and self.cur[v] < s and self.todo.get((s, v))]
+        if s < 0 or not victims:
+            return
+        v = max(victims, key=lambda v: (len(self.todo[(s, v)]), -v))
+        take, self.todo[(s, v)] = self._balance(v, self.todo[(s, v)])
+        if not take:
+            return
+        self.start[s] = min(self.start[s], t)
+        if s == len(self.steps) - 1 and self.steady_to is None:
+            self.steady_to = (t, self._busy_at(t))
+        for key in take:
+            r = self.reqs[key]
+            self.workers[u].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+        self.out[u] += len(take)
+        self._schedule(u)
+
+    def _balance(self, v: int, keys: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+        """Split worker ``v``'s unstarted ``keys`` between an idle worker (first list) and ``v`` (second), longest
+        predicted first, each to the side predicted to finish first (``v`` after draining its current work)."""
+        worker = self.workers[v]
+        base = [0.0, 0.0 if worker.is_idle() else worker.drain_time(self._remaining)]
+        sides: list[list[tuple]] = [[], []]
+        reqs: list[list[tuple[int, int]]] = [[], []]
+        for key in sorted(keys, key=lambda k: -remaining_length(self.reqs[k].estimate, self.reqs[k].done)):
+            r = self.reqs[key]
+            req = (r.prompt_len + r.done, remaining_length(r.estimate, r.done))
+            side = min((0, 1), key=lambda x: (base[x] + self.cost.batch_time(reqs[x] + [req]), x))
+            sides[side].append(key)
+            reqs[side].append(req)
+        return sides[0], sides[1]
 
     def _plan(self, s: int, t: float) -> None:
         work = self.steps[s]
         backlog = [0.0] * len(self.workers)
         if self.cfg.overlap:
             for w, worker in enumerate(self.workers):
-                if self.out[w]:
+                if not worker.is_idle():
                     drain = worker.drain_time(self._remaining)
                     backlog[w] = max(0.0, worker.now + drain - t)
         predictor = self.predictor
@@ -318,7 +385,7 @@ class _Run:
     # ---- events --------------------------------------------------------------------------------------------
     def _finished(self, key: tuple, t: float, w: int) -> None:
         r = self.reqs[key]
-        self.out[w] -= 1
+        self._release(key, w)
         self.predictor.observe(r.prompt_id, self.steps[key[0]].step, r.length)
         s = r.step
         self.finish_times[s].append(t)
@@ -349,33 +416,48 @@ class _Run:
         """
         self.waiting = False
         next_check = math.inf
-        for s in sorted(set(self.cur)):
-            if (
-                s < 0
-                or self.complete[s]
-                or s not in self.plans
-                or not in_tail(self.unfinished[s], self.total[s], self.pcfg)
-            ):
+        for _, w, key in self._tail_requests():
+            worker, r = self.workers[w], self.reqs[key]
+            action = self._action(r)
+            if action is None or key not in worker.running:
                 continue
-            self.in_tail[s] = True
-            for w, worker in enumerate(self.workers):
-                if self.cur[w] != s:
-                    continue
-                for key in list(worker.running):
-                    r = self.reqs[key]
-                    max_moves = self.pcfg.max_deferrals if self.cfg.overlap else 1
-                    if r.moves >= max_moves or key not in worker.running:
-                        continue
-                    limit = self._threshold(s, r)
-                    if not r.done + worker.generated_at(key, t) > limit:
-                        when = worker.time_when(key, math.floor(limit) + 1 - r.done)
-                        next_check = min(next_check, max(when, t + CHECK_INTERVAL * (t - self.start[s])))
-                        continue
-                    moved = self._defer(key, w, t) if self.cfg.overlap else self._migrate(key, w, t)
-                    self.waiting = self.waiting or not moved
+            limit = self._threshold(r.step, r)
+            if not r.done + worker.generated_at(key, t) > limit:
+                when = worker.time_when(key, math.floor(limit) + 1 - r.done)
+                next_check = min(next_check, max(when, t + CHECK_INTERVAL * (t - self.start[r.step])))
+                continue
+            moved = self._defer(key, w, t) if action == "defer" else self._migrate(key, w, t)
+            self.waiting = self.waiting or not moved
         if next_check < self.check_at:
             self.check_at = next_check
             heapq.heappush(self.heap, (next_check, 0, -1))
+
+    def _tail_requests(self) -> list[tuple[int, int, tuple]]:
+        """``(step, worker, key)`` of the running requests whose step is in its tail, by step then worker."""
+        out = []
+        for w, worker in enumerate(self.workers):
+            for key in worker.running:
+                s = self.reqs[key].step
+                if (
+                    self.complete[s]
+                    or s not in self.plans
+                    or not in_tail(self.unfinished[s], self.total[s], self.pcfg)
+                ):
+                    continue
+                self.in_tail[s] = True
+                out.append((s, w, key))
+        out.sort(key=lambda x: (x[0], x[1]))  # stable: each worker's running order is kept
+        return out
+
+    def _action(self, r: _Req) -> str | None:
+        """What an outlier ``r`` may still undergo: ``"defer"`` (overlap), ``"migrate"``, or None."""
+        if not self.cfg.overlap:
+            return "migrate" if r.moves < 1 else None
+        if r.moves < self.pcfg.max_deferrals and r.step + 1 < len(self.steps):
+            return "defer"
+        rule = self.cfg.overlap_migration
+        last = r.step + 1 == len(self.steps)
+        return "migrate" if not r.migrated and (rule == "always" or (rule == "drain" and last)) else None
 
     def _threshold(self, s: int, r: _Req) -> float:
         """Tokens past which running request ``r`` of step ``s`` is acted on (see ``PlannerConfig``)."""
@@ -401,9 +483,24 @@ class _Run:
         r = self.reqs[key]
         r.done += worker.remove(key)
         r.moves += 1
-        self.out[w] -= 1
+        self._release(key, w)
         self._schedule(w)
         return r
+
+    def _release(self, key: tuple, w: int) -> None:
+        """``key`` left worker ``w`` (finished or taken off): count it off ``w``'s current step."""
+        if key in self.guests:
+            self.guests.discard(key)
+        else:
+            self.out[w] -= 1
+
+    def _hosts(self, s: int, w: int) -> list[int]:
+        """Idle workers other than ``w`` that a request of step ``s`` may move to (synchronous: those on ``s``)."""
+        return [
+            v
+            for v, other in enumerate(self.workers)
+            if v != w and other.is_idle() and (self.cfg.overlap or self.cur[v] == s)
+        ]
 
     def _migrate(self, key: tuple, w: int, t: float) -> bool:
         """Move outlier ``key`` from worker ``w`` to an idle worker; False when none is idle (try again later)."""
@@ -411,15 +508,19 @@ class _Run:
         source = self.workers[w]
         if len(source.running) + len(source.queue) < 2 or key not in source.running:
             return True  # alone on its worker: moving it would only cost a prefill
-        free = [v for v, other in enumerate(self.workers) if other.is_idle() and self.cur[v] == s and v != w]
+        free = self._hosts(s, w)
         if not free:
             return False
         r = self._take(key, w, t)
         if r is None:
             return True
+        r.migrated = True
         target = free[0]
         self.workers[target].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
-        self.out[target] += 1
+        if self.cur[target] == s:
+            self.out[target] += 1
+        else:  # an idle worker of a later step hosts it (overlap)
+            self.guests.add(key)
         self.moves[s] += 1
         self._schedule(target)
         if self.out[w] == 0:
@@ -438,7 +539,18 @@ class _Run:
         self.moves[s] += 1
         self.unfinished[s] -= 1
         ahead = [v for v in range(len(self.workers)) if self.cur[v] == s + 1]
-        if ahead:  # a worker already on the next step takes it at once
+        idle = self._hosts(s + 1, w) if self.cfg.overlap_migration != "off" else []
+        if idle:  # an idle worker takes it at once, alone
+            v = idle[0]
+            self.workers[v].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+            if self.cur[v] == s + 1:
+                self.out[v] += 1
+            else:
+                self.guests.add(key)
+            self.total[s + 1] += 1
+            self.unfinished[s + 1] += 1
+            self._schedule(v)
+        elif ahead:  # a worker already on the next step takes it at once
             v = min(ahead, key=lambda v: (len(self.workers[v].running) + len(self.workers[v].queue), v))
             for k, ft in self.workers[v].advance(t):
                 self._finished(k, ft, v)
@@ -498,7 +610,9 @@ class _Run:
         total = max((s.end for s in per_step), default=0.0)
         if self.cfg.overlap:
             reqs = [r for work in self.steps for r in work.requests()]
-            bound = self.cost.lower_bound(reqs, W) if reqs else 0.0
+            longest = [max(self.cost.solo_time(p, n) for p, n in work.requests()) for work in self.steps]
+            deferrals = self.pcfg.max_deferrals if self.cfg.outliers else 0
+            bound = max(self.cost.lower_bound(reqs, W) if reqs else 0.0, gate_bound(longest, deferrals))
         else:
             bound = sum(s.lower_bound for s in per_step)
         busy = sum(w.busy_s for w in self.workers)
@@ -511,10 +625,34 @@ class _Run:
             lower_bound=bound,
             idle_fraction=max(0.0, 1.0 - busy / (W * total)) if total > 0 else 0.0,
             steady_idle_fraction=self._steady_idle(),
+            idle_floor=max(0.0, 1.0 - busy / (W * bound)) if bound > 0 else 0.0,
             tail_share=sum(s.tail_s for s in per_step) / span if span > 0 else 0.0,
             migrations=sum(self.moves),
             per_step=per_step,
         )
+
+
+def gate_bound(longest: Sequence[float], deferrals: int = 1) -> float:
+    """Makespan no schedule with one-step overlap beats, from its gate alone (``longest``: per step, the time its
+    longest request takes alone on a worker, :meth:`CostModel.solo_time`; ``deferrals``: ``max_deferrals``).
+
+    Step s starts no earlier than the completion of every step up to s - 2, and each of its requests finishes
+    before the step it counts for completes: its own, or at most ``deferrals`` steps later (the last step defers
+    nothing). So step min(s + deferrals, last) completes at least ``longest[s]`` after steps 0..s-2 did; the bound
+    is the latest of these chained completions. Example: four steps of 10 s requests, one deferral each: 20.0
+    (``gate_bound([10, 10, 10, 10], 1)``: step 3 waits for step 1, which waits for step 0's request).
+    """
+    if not (isinstance(deferrals, int) and deferrals >= 0):
+        raise ValueError(f"deferrals={deferrals!r}: must be an int >= 0 (PlannerConfig.max_deferrals)")
+    n = len(longest)
+    done = [0.0] * n  # lower bound on each step's completion
+    for s, d in enumerate(longest):
+        if not (math.isfinite(d) and d >= 0):
+            raise ValueError(f"longest[{s}]={d!r}: must be a finite time >= 0")
+        gate = max(done[: max(0, s - 1)], default=0.0)
+        last = min(s + deferrals, n - 1)
+        done[last] = max(done[last], gate + d)
+    return max(done, default=0.0)
 
 
 def workload_from_trace(steps: Iterable, length_scale: float = 1.0) -> list[StepWork]:

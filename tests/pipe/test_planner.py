@@ -294,7 +294,12 @@ def test_plan_call_rejects_bad_input(args: tuple, match: str) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_deferrals", 0), ("max_deferrals", 1.5), ("defer_step_factor", 0.0), ("defer_step_factor", -1.0)],
+    [
+        ("max_deferrals", 0),
+        ("max_deferrals", 1.5),
+        ("defer_step_factor", 0.0),
+        ("defer_step_factor", -1.0),
+    ],
 )
 def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):

@@ -9,7 +9,14 @@ import pytest
 
 from sglang_histospec.pipe.lengths import LengthPredictor
 from sglang_histospec.pipe.planner import POLICIES, Group, PlannerConfig
-from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator, StepWork, workload_from_trace
+from sglang_histospec.pipe.simulator import (
+    OVERLAP_MIGRATION,
+    PipeSimConfig,
+    PipeSimulator,
+    StepWork,
+    gate_bound,
+    workload_from_trace,
+)
 from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 from sglang_histospec.trace.format import TraceStep
 from sglang_histospec.trace.synth import SynthConfig, generate
@@ -33,9 +40,9 @@ def _long_tailed(prompts: int = 48, epochs: int = 4, seed: int = 0) -> tuple[Ste
 
 
 def _sim(policy: str, workers: int, overlap: bool = False, cost: CostModelConfig | None = None, **kw) -> PipeSimulator:
-    outliers = kw.pop("outliers", True)
+    sim = {k: kw.pop(k) for k in ("outliers", "overlap_migration", "steal") if k in kw}
     return PipeSimulator(
-        PipeSimConfig(workers=workers, overlap=overlap, outliers=outliers),
+        PipeSimConfig(workers=workers, overlap=overlap, **sim),
         PlannerConfig(policy=policy, **kw),
         CostModel(cost or CostModelConfig()),
     )
@@ -169,6 +176,77 @@ def test_defer_step_factor_defers_a_predicted_long_straggler(factor, moves) -> N
     assert result.migrations == moves
     solo = CostModel(HEAVY).solo_time(0, 3000)
     assert (result.per_step[0].end < 0.7 * solo) == bool(moves)
+
+
+def _last_step_straggler(rule: str):
+    """Step 2 (the last, nothing to defer to) runs "a" (predicted 100, runs 400-1000) on worker 0 and "b" (100) on
+    worker 1, which then idles: with ``drain`` one of a's stragglers moves there and decodes without batch-mates."""
+    predictor = LengthPredictor()
+    for pid in "ab":
+        predictor.add(pid, 0, [100] * 4)
+    work = [StepWork(1, [Group("a", 4), Group("b", 4)], [[100] * 4, [100] * 4])]
+    work.append(StepWork(2, [Group("a", 4), Group("b", 4)], [[1000, 400, 400, 400], [100] * 4]))
+    cost = CostModelConfig(iteration_s=0.01, per_request_s=0.01, per_context_token_s=0.0, prefill_token_s=0.0)
+    sim = _sim("round-robin", 2, overlap=True, cost=cost, tail_fraction=0.5, overlap_migration=rule)
+    return sim.run(work, predictor=predictor)
+
+
+def test_drain_moves_a_last_step_straggler_to_an_idle_worker() -> None:
+    off, drain = _last_step_straggler("off"), _last_step_straggler("drain")
+    assert off.migrations == 0 and drain.migrations == 1
+    assert [s.requests for s in drain.per_step] == [8, 8]
+    assert drain.makespan < off.makespan and drain.idle_fraction < off.idle_fraction
+
+
+@pytest.mark.parametrize(("steal", "makespan"), [(False, 3100.0), (True, 3000.0)])
+def test_a_waiting_worker_steals_the_unstarted_share_of_a_late_one(steal: bool, makespan: float) -> None:
+    # 1 s per iteration, round-robin: worker 0 runs "a" (3000 s) then would run "c"; worker 1 runs "b", then "d",
+    # and is done at 110 s. Stealing, it takes both of c's requests (worker 0 is predicted busy until 3000 s).
+    predictor = LengthPredictor()
+    for pid, n in (("a", 3000), ("b", 10), ("c", 100), ("d", 100)):
+        predictor.add(pid, 0, [n, n])
+    work = [
+        StepWork(1, [Group("a", 2), Group("b", 2)], [[3000, 3000], [10, 10]]),
+        StepWork(2, [Group("c", 2), Group("d", 2)], [[100, 100], [100, 100]]),
+    ]
+    sim = _sim("round-robin", 2, overlap=True, cost=UNIT, outliers=False, steal=steal)
+    result = sim.run(work, predictor=predictor)
+    assert result.makespan == makespan and [s.requests for s in result.per_step] == [4, 4]
+
+
+def test_pipe_sim_config_rejects_an_unknown_migration_rule() -> None:
+    with pytest.raises(ValueError, match="overlap_migration"):
+        PipeSimConfig(overlap_migration="sometimes")
+
+
+@pytest.mark.parametrize("rule", OVERLAP_MIGRATION)
+def test_every_overlap_migration_rule_finishes_each_request_once(rule: str) -> None:
+    steps = _long_tailed()
+    result = _sim("histopipe", 4, overlap=True, overlap_migration=rule, max_deferrals=1).run(steps)
+    assert sum(s.requests for s in result.per_step) == sum(len(w.requests()) for w in steps)
+    assert result.makespan >= result.lower_bound > 0 and 0.0 <= result.idle_floor <= result.idle_fraction + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("longest", "deferrals", "bound"),
+    [
+        ([10, 10, 10, 10], 1, 20.0),  # step 3 waits for step 1, which holds step 0's request
+        ([10, 10, 10, 10], 0, 20.0),
+        ([10, 10, 10, 10], 3, 10.0),  # every request may wait for the last step
+        ([10] * 6, 0, 30.0),  # step s + 2 starts after step s: three chained steps
+        ([10] * 6, 1, 20.0),
+        ([5, 40, 5], 1, 40.0),
+        ([], 1, 0.0),
+    ],
+)
+def test_gate_bound_table(longest, deferrals, bound) -> None:
+    assert gate_bound(longest, deferrals) == bound
+
+
+@pytest.mark.parametrize(("longest", "deferrals", "match"), [([1.0], -1, "deferrals"), ([float("nan")], 1, "longest")])
+def test_gate_bound_rejects_bad_input(longest, deferrals, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        gate_bound(longest, deferrals)
 
 
 def test_step_work_rejects_bad_lengths() -> None:
