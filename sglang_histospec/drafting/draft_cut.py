@@ -27,6 +27,10 @@ class StepCostConfig:
     """Weight of the past per observed step (0.99: the last few hundred steps count)."""
     min_steps: int = 16
     """Observations before the model is used; until then ``ready`` is False and nothing is cut."""
+    seed_decay: float = 0.9
+    """Weight a seeded step (``seed``: a timed dummy pass) keeps per real step observed, on top of ``decay``: the
+    dummy passes lack the host work of a real verify step (tree masks, sampling, commits), so real steps replace
+    them within a few tens of drafting steps."""
     refit_every: int = 8
     """Steps between refits of the coefficients (a refit is a 3x3 solve; the sums are updated every step)."""
     pause_steps: int = 64
@@ -35,6 +39,8 @@ class StepCostConfig:
     to this many steps, and a step where drafting pays resets it to 1 (0 = never pause)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.seed_decay <= 1.0:
+            raise ValueError(f"StepCostConfig.seed_decay={self.seed_decay!r}: expected a float in (0, 1]")
         if not 0.0 < self.decay < 1.0:
             raise ValueError(f"StepCostConfig.decay={self.decay!r}: expected a float in (0, 1)")
         if isinstance(self.min_steps, bool) or not isinstance(self.min_steps, int) or self.min_steps < 3:
@@ -50,9 +56,9 @@ class StepCostModel:
 
     def __init__(self, cfg: StepCostConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else StepCostConfig()
-        self._xx = np.zeros((3, 3))  # decayed sum of x x^T, x = (1, batch, rows - batch)
-        self._xy = np.zeros(3)  # decayed sum of x * seconds
-        self._n = 0.0  # observed steps (weighted)
+        self._xx = np.zeros((2, 3, 3))  # decayed sums of x x^T, x = (1, batch, rows - batch): [real, seeded]
+        self._xy = np.zeros((2, 3))  # decayed sums of x * seconds: [real, seeded]
+        self._n = 0.0  # observed and seeded steps (weighted, not decayed): ready once >= min_steps
         self._since_fit = 0  # observations since the last refit
         self._fitted = False  # refitted at least once since ready
         self._coef = np.zeros(3)
@@ -63,9 +69,10 @@ class StepCostModel:
         """True once ``min_steps`` steps were observed and the rows term could be fitted."""
         return self._n >= self.cfg.min_steps
 
-    def observe(self, batch: int, rows: int, seconds: float, weight: float = 1.0) -> None:
+    def observe(self, batch: int, rows: int, seconds: float, weight: float = 1.0, seeded: bool = False) -> None:
         """Record one verify step: ``batch`` requests, ``rows`` query rows (>= batch), ``seconds`` of wall time;
-        ``weight`` counts it as that many steps (a profiled step standing for several, see engine/profile.py)."""
+        ``weight`` counts it as that many steps; ``seeded``: a timed dummy pass (engine/profile.py), whose weight
+        also fades by ``seed_decay`` with each real step."""
         if not (isinstance(batch, int) and batch >= 1 and isinstance(rows, int) and rows >= batch):
             raise ValueError(f"batch={batch!r}, rows={rows!r}: expected ints with 1 <= batch <= rows")
         if not seconds >= 0.0:
@@ -73,9 +80,14 @@ class StepCostModel:
         if not weight > 0.0:
             raise ValueError(f"weight={weight!r}: expected a float > 0")
         x = np.array([1.0, float(batch), float(rows - batch)])
-        d = self.cfg.decay
-        self._xx = d * self._xx + weight * np.outer(x, x)
-        self._xy = d * self._xy + weight * x * seconds
+        k = int(seeded)
+        if not seeded:
+            self._xx *= self.cfg.decay
+            self._xy *= self.cfg.decay
+            self._xx[1] *= self.cfg.seed_decay
+            self._xy[1] *= self.cfg.seed_decay
+        self._xx[k] += weight * np.outer(x, x)
+        self._xy[k] += weight * x * seconds
         self._n += weight
         self._since_fit += 1
         self._stale = self._stale or self._since_fit >= self.cfg.refit_every or not self._fitted
@@ -84,12 +96,13 @@ class StepCostModel:
         if self._stale and self._n >= self.cfg.min_steps:
             # a tiny ridge keeps the 3x3 system solvable when the batch or the extra rows never varied; steps
             # without extra rows leave c at 0 (nothing is cut until drafts were measured)
-            ridge = 1e-9 * max(1.0, float(np.trace(self._xx))) * np.eye(3)
-            coef = np.linalg.solve(self._xx + ridge, self._xy)
+            xx, xy = self._xx.sum(axis=0), self._xy.sum(axis=0)
+            ridge = 1e-9 * max(1.0, float(np.trace(xx))) * np.eye(3)
+            coef = np.linalg.solve(xx + ridge, xy)
             if coef[1] < 0.0:  # a request cannot have a negative cost: refit without the per-request term
                 keep = [0, 2]
                 coef = np.zeros(3)
-                coef[keep] = np.linalg.solve((self._xx + ridge)[np.ix_(keep, keep)], self._xy[keep])
+                coef[keep] = np.linalg.solve((xx + ridge)[np.ix_(keep, keep)], xy[keep])
             coef[2] = max(coef[2], 0.0)  # noise can make the row term negative: no row is free of cost
             self._coef = coef
             self._stale, self._since_fit, self._fitted = False, 0, True

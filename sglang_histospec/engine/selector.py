@@ -129,10 +129,10 @@ class DraftSelector:
 
     def seed_step_cost(self, points: list[tuple[int, int, float]]) -> None:
         """Fit the step model to timed dummy passes ``(requests, rows, seconds)`` (``engine/profile.py``), weighed
-        together as much as the model's ``min_steps`` real steps."""
+        together as much as the model's ``min_steps`` real steps at first, fading as real steps come in."""
         weight = self.step_cost.cfg.min_steps / len(points)
         for batch, rows, seconds in points:
-            self.step_cost.observe(batch, rows, seconds, weight=weight)
+            self.step_cost.observe(batch, rows, seconds, weight=weight, seeded=True)
 
     def step_budgets(self, running: list[RequestState]) -> list[int]:
         """Draft nodes each running request may get this step (0 = none)."""

@@ -102,6 +102,7 @@ def test_row_cost_never_negative_and_unidentified_rows_cut_nothing():
         (lambda: StepCostConfig(decay=1.0), "decay"),
         (lambda: StepCostConfig(min_steps=2), "min_steps"),
         (lambda: StepCostConfig(refit_every=0), "refit_every"),
+        (lambda: StepCostConfig(seed_decay=0.0), "seed_decay"),
         (lambda: StepCostConfig(pause_steps=-1), "pause_steps"),
     ],
 )
@@ -124,3 +125,16 @@ def test_weighted_observations_count_as_several_steps():
     assert model.row_cost() == pytest.approx(5e-6, rel=1e-3)
     with pytest.raises(ValueError, match="weight"):
         model.observe(16, 16, 0.002, weight=0.0)
+
+
+def test_seeded_steps_fade_as_real_steps_come_in():
+    """Dummy passes seed 3 ms a row; real steps cost 5 ms a row: within 30 real steps the fit follows them (with
+    decay alone the seeds would still weigh about half)."""
+    model = StepCostModel()
+    for extra in (0, 16, 0, 33):
+        model.observe(8, 8 + extra, 0.1 + 0.003 * extra, weight=4.0, seeded=True)
+    assert model.ready and model.row_cost() == pytest.approx(0.003, rel=1e-3)
+    for i in range(30):
+        extra = (0, 8, 24)[i % 3]
+        model.observe(16, 16 + extra, 0.18 + 0.005 * extra)
+    assert model.ready and model.row_cost() == pytest.approx(0.005, rel=0.1)
