@@ -15,6 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+TRUST_MARGIN = 0.01
+"""Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
+probe of drafting that wins (a capped, small tree) restores it, while a probe that loses pushes it further down."""
+
 
 @dataclass(slots=True)
 class GovernorConfig:
@@ -168,7 +172,8 @@ class SpecGovernor:
             b.log_ratio = 0.5 * b.log_ratio + 0.5 * r
         elif b.log_ratio is not None and drafted and b.rate[0] > 0.0 and rate > 0.0:  # trusted drafting, re-checked
             w = self.cfg.trusted_weight
-            b.log_ratio = (1.0 - w) * b.log_ratio + w * math.log(rate / b.rate[0])
+            ratio = (1.0 - w) * b.log_ratio + w * math.log(rate / b.rate[0])
+            b.log_ratio = ratio if ratio >= 0.0 else -TRUST_MARGIN  # withdrawn, not buried: a winning probe restores it
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
         keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay

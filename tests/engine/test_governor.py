@@ -114,3 +114,13 @@ def test_trusted_drafting_that_stops_paying_loses_the_trust_within_a_few_steps(t
     assert g.trusts_spec(8)
     losing = run(g, 40, 8, spec_rate=70.0, plain_rate=100.0)
     assert losing.index(False) in first_plain
+
+
+def test_trust_withdrawn_by_rechecks_returns_with_the_first_winning_probe():
+    """Re-checks withdraw the trust just below parity; the next drafting probe that measures a win restores it."""
+    g = SpecGovernor()
+    run(g, 200, 8, spec_rate=200.0, plain_rate=100.0)
+    run(g, 10, 8, spec_rate=70.0, plain_rate=100.0)
+    assert not g.trusts_spec(8)
+    again = run(g, 40, 8, spec_rate=120.0, plain_rate=100.0)
+    assert g.trusts_spec(8) and sum(again[-8:]) >= 7
