@@ -173,7 +173,9 @@ class SpecGovernor:
         elif b.log_ratio is not None and drafted and b.rate[0] > 0.0 and rate > 0.0:  # trusted drafting, re-checked
             w = self.cfg.trusted_weight
             ratio = (1.0 - w) * b.log_ratio + w * math.log(rate / b.rate[0])
-            b.log_ratio = ratio if ratio >= 0.0 else -TRUST_MARGIN  # withdrawn, not buried: a winning probe restores it
+            b.log_ratio = (
+                ratio if ratio >= 0.0 else -TRUST_MARGIN
+            )  # withdrawn, not buried: a winning probe restores it
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
         keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay
