@@ -185,6 +185,11 @@ class SpecGovernor:
         if drafted:
             b.probing = False
 
+    def plain_rate(self, bsz: int) -> float | None:
+        """Measured tokens/s of plain steps in the bucket of ``bsz`` (None before the first)."""
+        b = self._buckets.get(int(bsz).bit_length())
+        return b.rate[0] if b is not None and b.count[0] > 0 else None
+
     def rates(self) -> dict[int, tuple[float, float]]:
         """``{bucket: (plain tokens/s, drafting tokens/s)}`` as measured so far."""
         return {k: (b.rate[0], b.rate[1]) for k, b in sorted(self._buckets.items())}

@@ -242,7 +242,7 @@ class DraftSelector:
         if sel.verified:  # what was accepted calibrates the drafted probabilities
             self._learn(sel.verified, walks)
             if sel.predicted > 0.0 and self.governor is not None:
-                self._learn_scale(sel, walks, bsz)
+                self._learn_scale(sel, walks, bsz, emitted / max(time.perf_counter() - started, 1e-9))
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
             self.step_cost.observe(bsz, sel.tb.num_rows + prefill, time.perf_counter() - started)
         elif self._pause > 0:
@@ -252,14 +252,17 @@ class DraftSelector:
             elapsed = time.perf_counter() - started - self.step_cost.row_cost() * prefill
             self.governor.observe(bsz, sel.drafted, emitted, max(elapsed, 1e-6))
 
-    def _learn_scale(self, sel: Selection, walks: list[WalkResult], bsz: int) -> None:
-        """Update the acceptance scale and the ramp from a step the cut weighed: did its accepted nodes pay for its
-        draft rows at the step model's cost of a row against a plain step's cost per token?"""
+    def _learn_scale(self, sel: Selection, walks: list[WalkResult], bsz: int, rate: float) -> None:
+        """Update the acceptance scale and the ramp from a step the cut weighed, which emitted ``rate`` tokens/s:
+        did its accepted nodes pay for its draft rows, at the step model's cost of a row against a plain step's cost
+        per token, and was it as fast as the plain steps the governor measured in its bucket?"""
         cfg = self.governor.cfg
         accepted = sum(len(walks[b].accepted_nodes) for b in sel.verified)
         self._scale = [cfg.scale_decay * self._scale[0] + accepted, cfg.scale_decay * self._scale[1] + sel.predicted]
         rows = sel.tb.num_rows - bsz
         paid = accepted * self.step_cost.base_cost(bsz) >= rows * self.step_cost.row_cost() * bsz
+        plain = self.governor.plain_rate(bsz)
+        paid = paid and (plain is None or rate >= plain)
         self._ramp = min(2.0 * self._ramp, cfg.ramp_max) if paid else max(0.5 * self._ramp, 1.0)
 
     def _learn(self, verified: dict[int, tuple[Draft, list[int]]], walks: list[WalkResult]) -> None:

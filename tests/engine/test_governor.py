@@ -124,3 +124,10 @@ def test_trust_withdrawn_by_rechecks_returns_with_the_first_winning_probe():
     assert not g.trusts_spec(8)
     again = run(g, 40, 8, spec_rate=120.0, plain_rate=100.0)
     assert g.trusts_spec(8) and sum(again[-8:]) >= 7
+
+
+def test_plain_rate_is_the_bucket_mean_of_plain_steps():
+    g = SpecGovernor()
+    assert g.plain_rate(8) is None
+    g.observe(8, drafted=False, tokens=8, seconds=0.1)
+    assert g.plain_rate(9) == pytest.approx(80.0) and g.plain_rate(16) is None
