@@ -25,6 +25,9 @@ from sglang_histospec.engine.request import RequestState
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 from sglang_histospec.engine.types import EngineConfig
 
+SCALE_RANGE = (0.05, 2.0)
+"""Bounds of the acceptance scale (``DraftSelector.acceptance_scale``)."""
+
 
 def pack_draft(
     draft: Draft, budget: int, vocab_size: int, min_score: float = 0.0, scores: list[float] | None = None
@@ -186,7 +189,7 @@ class DraftSelector:
         if self.governor is None:
             return 1.0
         prior = self.governor.cfg.scale_prior
-        return min(max((self._scale[0] + prior) / (self._scale[1] + prior), 0.05), 2.0)
+        return min(max((self._scale[0] + prior) / (self._scale[1] + prior), SCALE_RANGE[0]), SCALE_RANGE[1])
 
     def _cut_scores(
         self, drafts: list[Draft], limits: list[int], bsz: int, prefill: int
@@ -239,18 +242,19 @@ class DraftSelector:
         ``time.perf_counter()`` start."""
         if not self.speculate:
             return
+        seconds = time.perf_counter() - started
+        decode_s = max(seconds - self.step_cost.row_cost() * prefill, 1e-6)  # less the modelled cost of a prefill
         if sel.verified:  # what was accepted calibrates the drafted probabilities
             self._learn(sel.verified, walks)
             if sel.predicted > 0.0 and self.governor is not None:
-                self._learn_scale(sel, walks, bsz, emitted / max(time.perf_counter() - started, 1e-9))
+                self._learn_scale(sel, walks, bsz, emitted / decode_s)
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
-            self.step_cost.observe(bsz, sel.tb.num_rows + prefill, time.perf_counter() - started)
+            self.step_cost.observe(bsz, sel.tb.num_rows + prefill, seconds)
         elif self._pause > 0:
             self._pause -= 1
             self.stats["paused_steps"] += 1
-        if self.governor is not None:  # measured tokens/s, less the modelled cost of a merged prefill
-            elapsed = time.perf_counter() - started - self.step_cost.row_cost() * prefill
-            self.governor.observe(bsz, sel.drafted, emitted, max(elapsed, 1e-6))
+        if self.governor is not None:  # measured tokens/s
+            self.governor.observe(bsz, sel.drafted, emitted, decode_s)
 
     def _learn_scale(self, sel: Selection, walks: list[WalkResult], bsz: int, rate: float) -> None:
         """Update the acceptance scale and the ramp from a step the cut weighed, which emitted ``rate`` tokens/s:
