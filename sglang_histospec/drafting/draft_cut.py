@@ -28,7 +28,7 @@ class StepCostConfig:
     min_steps: int = 16
     """Observations before the model is used; until then ``ready`` is False and nothing is cut."""
     seed_decay: float = 0.9
-    """Weight a seeded step (``seed``: a timed dummy pass) keeps per real step observed, on top of ``decay``: the
+    """Weight a seeded step (``observe(..., seeded=True)``: a timed dummy pass) keeps per real step observed, on top of ``decay``: the
     dummy passes lack the host work of a real verify step (tree masks, sampling, commits), so real steps replace
     them within a few tens of drafting steps."""
     refit_every: int = 8

@@ -39,8 +39,8 @@ class GovernorConfig:
     ramp_max: float = 64.0
     """A trusted drafting step keeps at most ``probe_cost`` x its cost in draft rows times a ramp that starts at 1 at
     each new history step, doubles after each drafting step whose accepted nodes paid for its draft rows (by the
-    step model) and halves after each that did not, up to this multiple: trust measured on a probe's small tree
-    is extended to larger trees one paying step at a time."""
+    step model) and that ran at least as fast as the bucket's plain steps, and halves after each other one, up to
+    this multiple: trust measured on a probe's small tree is extended to larger trees one paying step at a time."""
     trusted_weight: float = 0.25
     """Weight of each drafting step the governor trusts in the measured ratio (against the last plain mean, which
     may be older: contexts grow, so it errs towards plain decoding), so a drafter that stops paying loses the trust
@@ -72,6 +72,11 @@ class GovernorConfig:
             )
         if not self.probe_cost > 0.0:
             raise ValueError(f"GovernorConfig.probe_cost={self.probe_cost}: use a value > 0 (math.inf: no cap)")
+
+
+def _bucket(bsz: int) -> int:
+    """The batch-size bucket of ``bsz`` (its bit length: 1, 2-3, 4-7, ...)."""
+    return int(bsz).bit_length()
 
 
 @dataclass(slots=True)
@@ -117,7 +122,7 @@ class SpecGovernor:
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
-        b = self._buckets.setdefault(int(bsz).bit_length(), _Bucket())
+        b = self._buckets.setdefault(_bucket(bsz), _Bucket())
         n = self.cfg.min_samples
         if b.count[1] < n:
             return True
@@ -146,7 +151,7 @@ class SpecGovernor:
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
         drafting step that is not trusted is a probe, whose draft rows the selector caps (``probe_cost``)."""
-        b = self._buckets.get(int(bsz).bit_length())
+        b = self._buckets.get(_bucket(bsz))
         return b is not None and b.log_ratio is not None and b.spec_wins()
 
     def forget_drafting(self) -> None:
@@ -164,7 +169,7 @@ class SpecGovernor:
         """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""
         if seconds <= 0.0 or bsz < 1:
             return
-        b = self._buckets.setdefault(int(bsz).bit_length(), _Bucket())
+        b = self._buckets.setdefault(_bucket(bsz), _Bucket())
         mode = int(bool(drafted))
         rate = tokens / seconds
         if b.log_ratio is not None and bool(drafted) != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:
@@ -173,9 +178,8 @@ class SpecGovernor:
         elif b.log_ratio is not None and drafted and b.rate[0] > 0.0 and rate > 0.0:  # trusted drafting, re-checked
             w = self.cfg.trusted_weight
             ratio = (1.0 - w) * b.log_ratio + w * math.log(rate / b.rate[0])
-            b.log_ratio = (
-                ratio if ratio >= 0.0 else -TRUST_MARGIN
-            )  # withdrawn, not buried: a winning probe restores it
+            # a withdrawn trust is not buried: the next winning probe restores it
+            b.log_ratio = ratio if ratio >= 0.0 else -TRUST_MARGIN
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
         keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay
@@ -187,7 +191,7 @@ class SpecGovernor:
 
     def plain_rate(self, bsz: int) -> float | None:
         """Measured tokens/s of plain steps in the bucket of ``bsz`` (None before the first)."""
-        b = self._buckets.get(int(bsz).bit_length())
+        b = self._buckets.get(_bucket(bsz))
         return b.rate[0] if b is not None and b.count[0] > 0 else None
 
     def rates(self) -> dict[int, tuple[float, float]]:

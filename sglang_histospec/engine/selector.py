@@ -93,7 +93,7 @@ class DraftSelector:
     in rows: a probe that loses costs little, and the first steps of a new history are not spent on long trees
     scored by rates learnt from another history. A trusted step keeps at most that cap times a ramp
     (``GovernorConfig.ramp_max``): 1 at a new history step, doubled after each drafting step whose accepted nodes
-    paid for its draft rows, halved after each that did not.
+    paid for its draft rows and that ran at least as fast as the bucket's plain steps, halved after each other one.
 
     The acceptance scale: the cut weighs each calibrated probability times the ratio of accepted to predicted
     nodes over the recent drafting steps (decayed sums, ``GovernorConfig.scale_decay``, from ``scale_prior``
