@@ -47,6 +47,9 @@ from sglang_histospec.server.schemas import (
 
 logger = logging.getLogger(__name__)
 
+SHUTDOWN_POLL_S = 0.1
+"""Seconds between two checks, while a call waits for its backends, of whether the router is shutting down."""
+
 PER_ITEM_KEYS = (
     "input_ids",
     "text",
@@ -653,7 +656,9 @@ class Router:
             if idx:
                 submit(b, idx)
         while running:
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(running), timeout=SHUTDOWN_POLL_S, return_when=FIRST_COMPLETED)
+            if self._stop.is_set():  # begin_shutdown: fail the call now, wait for no backend
+                raise RouterError(503, "the router is shutting down")
             for fut in done:
                 b, idx = running.pop(fut)
                 backend = self.backends[b]

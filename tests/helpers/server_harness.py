@@ -76,6 +76,10 @@ class ServerThread:
 
 _SHARED_MODEL: dict[str, str] = {}
 
+LONG_RUN_TOKENS = 4000
+"""``max_new_tokens`` of a request that runs for seconds on :func:`long_context_model_dir`'s model, so a test's
+disconnect, abort or shutdown always lands while it runs (a few hundred tokens of the tiny model can finish first)."""
+
 
 def shared_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One tiny Llama (vocab 64, char tokenizer, seed 0) built once per session for every server test module."""
@@ -83,3 +87,13 @@ def shared_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
         path = tmp_path_factory.mktemp("server-tiny") / "m"
         _SHARED_MODEL["path"] = make_tiny_model_dir(path, arch="llama", vocab_size=64, seed=0)
     return _SHARED_MODEL["path"]
+
+
+def long_context_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The shared tiny Llama's twin with 8192 positions: room for :data:`LONG_RUN_TOKENS`-token requests."""
+    if "long" not in _SHARED_MODEL:
+        path = tmp_path_factory.mktemp("server-tiny-long") / "m"
+        _SHARED_MODEL["long"] = make_tiny_model_dir(
+            path, arch="llama", vocab_size=64, seed=0, max_position_embeddings=2 * LONG_RUN_TOKENS
+        )
+    return _SHARED_MODEL["long"]

@@ -18,7 +18,12 @@ from sglang_histospec.router.app import create_app
 from sglang_histospec.router.router import Router, RouterConfig, join_generate_items, split_generate_body
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.launch import free_port
-from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
+from tests.helpers.server_harness import (
+    LONG_RUN_TOKENS,
+    ServerThread,
+    long_context_model_dir,
+    shared_tiny_model_dir,
+)
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 PROMPTS = [(f"p{i}", [1 + i, 5 + (i % 7), 9, 3 + (i % 5)]) for i in range(6)]
@@ -357,10 +362,17 @@ def test_router_auth_runs_before_the_body_and_accepts_any_scheme_case(servers) -
             router.close()
 
 
-def test_router_client_going_away_aborts_backend_work(servers) -> None:
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """A plain server whose requests of LONG_RUN_TOKENS tokens run for seconds (disconnects land while they run)."""
+    with ServerThread(long_context_model_dir(tmp_path_factory), speculative_algorithm="NONE") as srv:
+        yield srv
+
+
+def test_router_client_going_away_aborts_backend_work(long_server) -> None:
     import uvicorn
 
-    router = _router([servers[0].url])
+    router = _router([long_server.url])
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(router), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -368,12 +380,15 @@ def test_router_client_going_away_aborts_backend_work(servers) -> None:
     try:
         while not server.started:
             time.sleep(0.02)
-        before = servers[0].client.stats()["requests_aborted"]
-        body = {"input_ids": [[1, 5, 6]] * 2, "sampling_params": {"max_new_tokens": 490, "ignore_eos": True}}
+        before = long_server.client.stats()["requests_aborted"]
+        body = {
+            "input_ids": [[1, 5, 6]] * 2,
+            "sampling_params": {"max_new_tokens": LONG_RUN_TOKENS, "ignore_eos": True},
+        }
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=0.5)
         deadline = time.monotonic() + 30
-        while servers[0].client.stats()["requests_aborted"] < before + 2:
+        while long_server.client.stats()["requests_aborted"] < before + 2:
             assert time.monotonic() < deadline, "backend work of a vanished router client kept running"
             time.sleep(0.1)
     finally:
@@ -382,14 +397,14 @@ def test_router_client_going_away_aborts_backend_work(servers) -> None:
         router.close()
 
 
-def test_router_shutdown_fails_running_calls_at_once(servers) -> None:
+def test_router_shutdown_fails_running_calls_at_once(long_server) -> None:
     from sglang_histospec.router.router import RouterError
 
-    router = _router([servers[0].url])
+    router = _router([long_server.url])
     got: list = []
 
     def run() -> None:
-        body = {"input_ids": [1, 5, 6], "sampling_params": {"max_new_tokens": 490, "ignore_eos": True}}
+        body = {"input_ids": [1, 5, 6], "sampling_params": {"max_new_tokens": LONG_RUN_TOKENS, "ignore_eos": True}}
         try:
             got.append(router.generate(body))
         except RouterError as exc:
@@ -405,4 +420,5 @@ def test_router_shutdown_fails_running_calls_at_once(servers) -> None:
     router.begin_shutdown()  # what SIGTERM calls
     t.join(30)
     router.close()
-    assert time.monotonic() - t0 < 10 and isinstance(got[0], RouterError) and got[0].status == 503, got
+    # at once: the backend's answer is seconds away (LONG_RUN_TOKENS), the call fails within a poll or two
+    assert time.monotonic() - t0 < 2 and isinstance(got[0], RouterError) and got[0].status == 503, got

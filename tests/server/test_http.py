@@ -11,7 +11,12 @@ import httpx
 import pytest
 
 from sglang_histospec.server.client import ServerError
-from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
+from tests.helpers.server_harness import (
+    LONG_RUN_TOKENS,
+    ServerThread,
+    long_context_model_dir,
+    shared_tiny_model_dir,
+)
 from tests.helpers.tiny import make_char_tokenizer
 
 PROMPTS = ["what is 1+1?", "hello world", "abc abc abc", "the cat sat on", "x = 3 * 4", "why?"]
@@ -259,21 +264,22 @@ def test_error_reported_by_client(spec):
     assert e.value.status == 400 and e.value.field == "input_ids[0][1]"
 
 
-def test_client_going_away_aborts_its_requests(spec, tok):
-    before = spec.client.stats()
-    body = {
-        "input_ids": [_ids(tok, "abc")] * 3,
-        "sampling_params": {"max_new_tokens": 490, "ignore_eos": True, "temperature": 1.0},
-    }
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(spec.url + "/generate", json=body, timeout=0.5)
-    deadline = time.monotonic() + 20
-    while spec.client.stats()["requests_aborted"] < before["requests_aborted"] + 3:
-        assert time.monotonic() < deadline, "requests of a vanished client kept running"
-        time.sleep(0.1)
-    stats = spec.client.stats()
-    assert stats["client_disconnects"] == before["client_disconnects"] + 1
-    assert stats["backend"]["engine"]["requests_running"] == 0
+def test_client_going_away_aborts_its_requests(tmp_path_factory, tok):
+    # requests that run for seconds: the tiny model can finish a few hundred tokens before the disconnect is seen
+    with ServerThread(long_context_model_dir(tmp_path_factory), speculative_algorithm="HISTOSPEC") as srv:
+        body = {
+            "input_ids": [_ids(tok, "abc")] * 3,
+            "sampling_params": {"max_new_tokens": LONG_RUN_TOKENS, "ignore_eos": True, "temperature": 1.0},
+        }
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/generate", json=body, timeout=0.5)
+        deadline = time.monotonic() + 20
+        while srv.client.stats()["requests_aborted"] < 3:
+            assert time.monotonic() < deadline, "requests of a vanished client kept running"
+            time.sleep(0.1)
+        stats = srv.client.stats()
+        assert stats["client_disconnects"] == 1 and stats["requests"] == 3
+        assert stats["backend"]["engine"]["requests_running"] == 0
 
 
 def test_greedy_identical_with_a_small_draft_budget_and_concurrent_clients(model_dir, plain, tok):
