@@ -1,7 +1,8 @@
 """Cost-aware draft cut: an online model of a verify step's time, and the cut that maximises tokens per second.
 
-``StepCostModel`` fits ``seconds = a + b * B + c * E`` (B requests, E extra query rows); ``best_cut`` keeps the k
-most likely nodes that maximise ``(B + p_1 + ... + p_k) / (a + b * B + c * (E0 + k))``. docs/drafting.md section 10.
+``StepCostModel`` fits ``seconds = a + b * B + c * E + d * P`` (B requests, E extra query rows of draft trees, P
+prefill tokens merged into the pass); ``best_cut`` keeps the k most likely nodes that maximise
+``(B + p_1 + ... + p_k) / (a + b * B + d * P + c * k)``. docs/drafting.md section 10.
 
 Example::
 
@@ -32,7 +33,7 @@ class StepCostConfig:
     dummy passes lack the host work of a real verify step (tree masks, sampling, commits), so real steps replace
     them within a few tens of drafting steps."""
     refit_every: int = 8
-    """Steps between refits of the coefficients (a refit is a 3x3 solve; the sums are updated every step)."""
+    """Steps between refits of the coefficients (a refit is a 4x4 solve; the sums are updated every step)."""
     pause_steps: int = 64
     """Longest pause: after a step whose best cut was expected to be slower than plain decoding, an engine decodes
     1 step without any drafting work, then drafts once to re-measure; each further such step doubles the pause up
@@ -52,16 +53,20 @@ class StepCostConfig:
 
 
 class StepCostModel:
-    """Online fit of ``seconds = a + b * batch + c * (rows - batch)``."""
+    """Online fit of ``seconds = a + b * batch + c * (rows - batch) + d * prefill``.
+
+    A draft row and a merged prefill token both add a query row to the forward, but only a draft row carries the
+    host work of drafting, verifying and committing a node; one coefficient for both would price draft rows at the
+    cheaper prefill rate on every step that merges a prefill."""
 
     def __init__(self, cfg: StepCostConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else StepCostConfig()
-        self._xx = np.zeros((2, 3, 3))  # decayed sums of x x^T, x = (1, batch, rows - batch): [real, seeded]
-        self._xy = np.zeros((2, 3))  # decayed sums of x * seconds: [real, seeded]
+        self._xx = np.zeros((2, 4, 4))  # decayed sums of x x^T, x = (1, batch, rows - batch, prefill): [real, seeded]
+        self._xy = np.zeros((2, 4))  # decayed sums of x * seconds: [real, seeded]
         self._n = 0.0  # observed and seeded steps (weighted, not decayed): ready once >= min_steps
         self._since_fit = 0  # observations since the last refit
         self._fitted = False  # refitted at least once since ready
-        self._coef = np.zeros(3)
+        self._coef = np.zeros(4)
         self._stale = False
 
     @property
@@ -69,17 +74,21 @@ class StepCostModel:
         """True once ``min_steps`` steps were observed and the rows term could be fitted."""
         return self._n >= self.cfg.min_steps
 
-    def observe(self, batch: int, rows: int, seconds: float, weight: float = 1.0, seeded: bool = False) -> None:
-        """Record one verify step: ``batch`` requests, ``rows`` query rows (>= batch), ``seconds`` of wall time;
-        ``weight`` counts it as that many steps; ``seeded``: a timed dummy pass (engine/profile.py), whose weight
-        also fades by ``seed_decay`` with each real step."""
+    def observe(
+        self, batch: int, rows: int, seconds: float, weight: float = 1.0, seeded: bool = False, prefill: int = 0
+    ) -> None:
+        """Record one verify step: ``batch`` requests, ``rows`` tree query rows (>= batch), ``prefill`` prefill
+        tokens merged into its pass, ``seconds`` of wall time; ``weight`` counts it as that many steps; ``seeded``: a
+        timed dummy pass (engine/profile.py), whose weight also fades by ``seed_decay`` with each real step."""
         if not (isinstance(batch, int) and batch >= 1 and isinstance(rows, int) and rows >= batch):
             raise ValueError(f"batch={batch!r}, rows={rows!r}: expected ints with 1 <= batch <= rows")
+        if not (isinstance(prefill, int) and prefill >= 0):
+            raise ValueError(f"prefill={prefill!r}: expected an int >= 0")
         if not seconds >= 0.0:
             raise ValueError(f"seconds={seconds!r}: expected a float >= 0")
         if not weight > 0.0:
             raise ValueError(f"weight={weight!r}: expected a float > 0")
-        x = np.array([1.0, float(batch), float(rows - batch)])
+        x = np.array([1.0, float(batch), float(rows - batch), float(prefill)])
         k = int(seeded)
         if not seeded:
             self._xx *= self.cfg.decay
@@ -94,28 +103,32 @@ class StepCostModel:
 
     def _fit(self) -> np.ndarray:
         if self._stale and self._n >= self.cfg.min_steps:
-            # a tiny ridge keeps the 3x3 system solvable when the batch or the extra rows never varied; steps
-            # without extra rows leave c at 0 (nothing is cut until drafts were measured)
+            # a tiny ridge keeps the 4x4 system solvable when the batch, the extra rows or the prefills never
+            # varied; steps without extra rows leave c at 0 (nothing is cut until drafts were measured)
             xx, xy = self._xx.sum(axis=0), self._xy.sum(axis=0)
-            ridge = 1e-9 * max(1.0, float(np.trace(xx))) * np.eye(3)
+            ridge = 1e-9 * max(1.0, float(np.trace(xx))) * np.eye(4)
             coef = np.linalg.solve(xx + ridge, xy)
             if coef[1] < 0.0:  # a request cannot have a negative cost: refit without the per-request term
-                keep = [0, 2]
-                coef = np.zeros(3)
+                keep = [0, 2, 3]
+                coef = np.zeros(4)
                 coef[keep] = np.linalg.solve((xx + ridge)[np.ix_(keep, keep)], xy[keep])
-            coef[2] = max(coef[2], 0.0)  # noise can make the row term negative: no row is free of cost
+            coef[2:] = np.maximum(coef[2:], 0.0)  # noise can make a row term negative: no row is free of cost
             self._coef = coef
             self._stale, self._since_fit, self._fitted = False, 0, True
         return self._coef
 
     def base_cost(self, batch: int) -> float:
         """Fitted ``a + b * batch`` (seconds of a step without extra rows), > 0."""
-        a, b, _ = self._fit()
+        a, b = self._fit()[:2]
         return max(a + b * batch, 1e-9)
 
     def row_cost(self) -> float:
-        """Fitted ``c`` (seconds per extra query row, >= 0)."""
+        """Fitted ``c`` (seconds per extra query row of a draft tree, >= 0)."""
         return float(self._fit()[2])
+
+    def prefill_cost(self) -> float:
+        """Fitted ``d`` (seconds per prefill token merged into a verify pass, >= 0; 0 until prefills were seen)."""
+        return float(self._fit()[3])
 
 
 def best_cut(

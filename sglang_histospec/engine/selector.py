@@ -221,7 +221,7 @@ class DraftSelector:
             return 0
         model = self.step_cost
         row = model.row_cost()
-        base = model.base_cost(bsz) + row * prefill
+        base = model.base_cost(bsz) + model.prefill_cost() * prefill
         k = best_cut(desc, float(bsz), base, row)
         spec_rate = (bsz + float(desc[:k].sum())) / (base + row * k)
         if spec_rate < bsz / max(base - self._draft_s, 1e-9):
@@ -243,13 +243,13 @@ class DraftSelector:
         if not self.speculate:
             return
         seconds = time.perf_counter() - started
-        decode_s = max(seconds - self.step_cost.row_cost() * prefill, 1e-6)  # less the modelled cost of a prefill
+        decode_s = max(seconds - self.step_cost.prefill_cost() * prefill, 1e-6)  # less the modelled prefill cost
         if sel.verified:  # what was accepted calibrates the drafted probabilities
             self._learn(sel.verified, walks)
             if sel.predicted > 0.0 and self.governor is not None:
                 self._learn_scale(sel, walks, bsz, emitted / decode_s)
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
-            self.step_cost.observe(bsz, sel.tb.num_rows + prefill, seconds)
+            self.step_cost.observe(bsz, sel.tb.num_rows, seconds, prefill=prefill)
         elif self._pause > 0:
             self._pause -= 1
             self.stats["paused_steps"] += 1

@@ -26,6 +26,23 @@ def test_docstring_examples():
     assert best_cut(np.array([0.9, 0.8, 0.1, 0.01]), 16, model.base_cost(16), model.row_cost()) == 3
 
 
+def test_prefill_tokens_are_priced_apart_from_draft_rows():
+    """A merged prefill token adds a forward row but none of a draft node's host work: fitted with one row term,
+    prefill-heavy steps would price draft rows at the cheaper rate."""
+    model = StepCostModel()
+    for extra, prefill in ((0, 0), (32, 0), (0, 200), (64, 100), (16, 300)) * 4:
+        model.observe(16, 16 + extra, 0.002 + 40e-6 * extra + 5e-6 * prefill, prefill=prefill)
+    assert model.row_cost() == pytest.approx(40e-6, rel=1e-3)
+    assert model.prefill_cost() == pytest.approx(5e-6, rel=1e-3)
+    assert model.base_cost(16) == pytest.approx(0.002, rel=1e-3)
+    no_prefill = StepCostModel()
+    for extra in (0, 32, 64) * 6:
+        no_prefill.observe(16, 16 + extra, 0.002 + 40e-6 * extra)
+    assert no_prefill.prefill_cost() == pytest.approx(0.0, abs=1e-9)  # never seen: no cost invented
+    with pytest.raises(ValueError, match="prefill"):
+        model.observe(16, 16, 0.002, prefill=-1)
+
+
 @pytest.mark.parametrize(
     "probs, base_tokens, base_cost, row_cost, expected",
     [
