@@ -14,11 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from sglang_histospec.drafting.flat import FlatDrafts
 from sglang_histospec.drafting.types import Draft, accepted_path
 
 BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.999])
@@ -56,10 +58,17 @@ class CalibrationConfig:
             raise ValueError(f"CalibrationConfig.prior_scale={self.prior_scale!r}: expected a float in (0, 1]")
 
 
+@functools.lru_cache(maxsize=4096)
 def draft_key(source: str, match_len: int) -> int:
     """Index of a (source, match length) class in ``[0, NUM_KEYS)``. Example: ``draft_key("history", 1) == 0``."""
     s = KEY_SOURCES.index(source) if source in KEY_SOURCES else len(KEY_SOURCES) - 1
     return s * (len(MATCH_EDGES) + 1) + int(np.searchsorted(MATCH_EDGES, max(int(match_len), 1)))
+
+
+def keys_of(flat: FlatDrafts) -> np.ndarray:  # [n] int64
+    """The draft key (``draft_key``) of every node of ``flat``."""
+    per_draft = np.fromiter((draft_key(d.source, d.match_len) for d in flat.drafts), np.int64, len(flat.drafts))
+    return np.repeat(per_draft, flat.sizes)
 
 
 class DraftCalibration:
@@ -127,29 +136,23 @@ class DraftCalibration:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [n] float cond, [n] int64 parents (flat, -1 = root), [n] keys
         """The first ``limits[i]`` nodes (default all; a BFS prefix) of every draft, concatenated: each node's
         conditional probability (its path probability over its parent's), its parent's flat index and its key."""
-        limits = [len(d) for d in drafts] if limits is None else limits
-        sizes = [min(len(d), k) for d, k in zip(drafts, limits)]
-        if not sum(sizes):
-            return np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        starts = np.cumsum([0, *sizes[:-1]])
-        probs = np.concatenate([np.asarray(d.probs[:k], dtype=np.float64) for d, k in zip(drafts, sizes)])
-        local = np.concatenate([np.asarray(d.parents[:k], dtype=np.int64) for d, k in zip(drafts, sizes)])
-        parents = np.where(local >= 0, local + np.repeat(starts, sizes), -1)
-        keys = np.repeat([draft_key(d.source, d.match_len) for d in drafts], sizes)
-        above = np.where(parents >= 0, probs[np.maximum(parents, 0)], 1.0)
-        return np.minimum(probs / np.maximum(above, 1e-12), 1.0), parents, keys
+        flat = FlatDrafts.of(drafts, limits)
+        return flat.cond(), flat.parents, keys_of(flat)
 
-    def calibrate_drafts(self, drafts: list[Draft], limits: list[int] | None = None) -> np.ndarray:  # [n] float
-        """Expected acceptance of every node of ``flatten(drafts, limits)``: the product of calibrated
-        conditionals along its path (pointer jumping: log2(depth) vector steps)."""
-        cond, parents, keys = self.flatten(drafts, limits)
-        q = self.calibrate(cond, keys)
-        up = parents.copy()
+    def calibrate_flat(self, flat: FlatDrafts) -> np.ndarray:  # [n] float
+        """Expected acceptance of every node of ``flat``: the product of calibrated conditionals along its path
+        (pointer jumping: log2(depth) vector steps)."""
+        q = self.calibrate(flat.cond(), keys_of(flat))
+        up = flat.parents.copy()
         while (up >= 0).any():  # q[i] holds the product over the 2^k nodes ending at i; up[i] the node above them
             has = up >= 0
             q = np.where(has, q * q[np.maximum(up, 0)], q)
             up = np.where(has, up[np.maximum(up, 0)], -1)
         return q
+
+    def calibrate_drafts(self, drafts: list[Draft], limits: list[int] | None = None) -> np.ndarray:  # [n] float
+        """``calibrate_flat`` of the first ``limits[i]`` nodes of every draft (``flatten``'s order)."""
+        return self.calibrate_flat(FlatDrafts.of(drafts, limits))
 
     def calibrate_draft(self, draft: Draft) -> np.ndarray:  # [len(draft)] float
         """``calibrate_drafts`` of one draft."""
@@ -159,13 +162,17 @@ class DraftCalibration:
         """Learn from verified drafts: ``accepted`` [n] bool marks the accepted nodes of ``flatten(drafts)``;
         ``verified`` (default: all) the nodes that were verified (an engine's cut may drop some). A node teaches
         only when it was verified and its parent is the root or accepted."""
-        cond, parents, keys = self.flatten(drafts)
+        self.observe_flat(FlatDrafts.of(drafts), accepted, verified)
+
+    def observe_flat(self, flat: FlatDrafts, accepted, verified=None) -> None:
+        """``observe_drafts`` on the nodes of ``flat`` (``accepted``, ``verified``: [len(flat)] bool)."""
+        cond = flat.cond()
         acc = np.asarray(accepted, dtype=bool)
         seen = np.ones(len(cond), dtype=bool) if verified is None else np.asarray(verified, dtype=bool).copy()
         if acc.shape != cond.shape or seen.shape != cond.shape:
             raise ValueError(f"accepted {acc.shape} / verified {seen.shape}: one flag per node of {cond.shape}")
-        seen &= (parents < 0) | acc[np.maximum(parents, 0)]
-        self.observe(cond[seen], keys[seen], acc[seen])
+        seen &= (flat.parents < 0) | acc[np.maximum(flat.parents, 0)]
+        self.observe(cond[seen], keys_of(flat)[seen], acc[seen])
 
     def observe_draft(self, draft: Draft, accepted, verified=None) -> None:
         """``observe_drafts`` of one draft."""

@@ -20,10 +20,13 @@ import numpy as np
 from sglang_histospec.drafting import ROOT, Draft
 from sglang_histospec.drafting.calibration import DraftCalibration
 from sglang_histospec.drafting.draft_cut import StepCostModel, best_cut
+from sglang_histospec.drafting.flat import FlatDrafts
 from sglang_histospec.engine.governor import SpecGovernor
 from sglang_histospec.engine.request import RequestState
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 from sglang_histospec.engine.types import EngineConfig
+
+_NO_NODES = np.zeros(0, dtype=np.int64)
 
 SCALE_RANGE = (0.05, 2.0)
 """Bounds of the acceptance scale (``DraftSelector.acceptance_scale``)."""
@@ -32,22 +35,17 @@ SCALE_RANGE = (0.05, 2.0)
 def pack_draft(
     draft: Draft, budget: int, vocab_size: int, min_score: float = 0.0, scores: list[float] | None = None
 ) -> tuple[list[int], list[int], list[int]]:
-    """Keep at most ``budget`` nodes whose token is in the vocabulary, whose score (``scores[i]``, default the
-    draft's path probability) is at least ``min_score`` and whose parent was kept.
+    """Of the draft's first ``budget`` nodes (a BFS prefix), keep those whose token is in the vocabulary, whose score
+    (``scores[i]``, default the draft's path probability) is at least ``min_score`` and whose parent was kept.
 
     Returns (tokens, parents, kept) of the packed tree: node 0 = root (token filled in by the caller), kept draft
-    node ``kept[j]`` -> node j + 1, parent ROOT -> 0.
+    node ``kept[j]`` -> node j + 1, parent ROOT -> 0. The reference of :func:`pack_flat`, which packs a whole step.
     """
-    ids = draft.token_ids
     if scores is None:
         scores = draft.probs
-    if len(ids) <= budget and min(ids) >= 0 and max(ids) < vocab_size and min(scores) >= min_score:  # keep all
-        return [0, *ids], [-1, *(0 if p == ROOT else p + 1 for p in draft.parents)], list(range(len(ids)))
     tokens, parents, kept = [0], [-1], []
     remap: dict[int, int] = {ROOT: 0}
-    for i, (tok, par) in enumerate(zip(ids, draft.parents)):
-        if len(tokens) > budget:
-            break
+    for i, (tok, par) in enumerate(zip(draft.token_ids[:budget], draft.parents)):
         if par not in remap or not 0 <= tok < vocab_size or scores[i] < min_score:
             continue
         remap[i] = len(tokens)
@@ -57,14 +55,43 @@ def pack_draft(
     return tokens, parents, kept
 
 
+def pack_flat(flat: FlatDrafts, keep: np.ndarray, vocab_size: int) -> np.ndarray:  # [n] bool
+    """The nodes of ``flat`` a step verifies: those marked in ``keep`` [n] bool whose token is in the vocabulary and
+    whose ancestors are all kept (:func:`pack_draft` of every draft at once, with scores 1.0 / 0.0 and
+    ``min_score`` 0.5)."""
+    ok = keep & (flat.tokens >= 0) & (flat.tokens < vocab_size)
+    up = flat.parents.copy()
+    if not (ok & (up >= 0) & ~ok[np.maximum(up, 0)]).any():  # closed already (the cut keeps parents first)
+        return ok
+    while (up >= 0).any():  # pointer jumping: ok[i] is the AND over the 2^k nodes ending at i
+        has = up >= 0
+        ok = np.where(has, ok & ok[np.maximum(up, 0)], ok)
+        up = np.where(has, up[np.maximum(up, 0)], -1)
+    return ok
+
+
+def _tree_nodes(flat: FlatDrafts, kept: np.ndarray, ask: list[int]) -> tuple[np.ndarray, ...]:
+    """The kept nodes (flat indices, in order) and, for ``TreeBatch.from_nodes``, their requests (draft i is
+    request ``ask[i]``'s) and parents within their trees (node j of a tree = its j-th kept node, root 0)."""
+    nodes = np.flatnonzero(kept)
+    draft = flat.owner[nodes]
+    local = np.arange(1, len(nodes) + 1) - np.searchsorted(draft, draft, side="left")
+    where = np.zeros(len(flat), dtype=np.int64)
+    where[nodes] = local
+    par = flat.parents[nodes]
+    return nodes, np.asarray(ask, dtype=np.int64)[draft], np.where(par >= 0, where[np.maximum(par, 0)], 0)
+
+
 @dataclass(slots=True)
 class Selection:
     """What one step verifies."""
 
     tb: TreeBatch
     """The trees of the running requests, in running order (a request without draft nodes: its root alone)."""
-    verified: dict[int, tuple[Draft, list[int]]]
-    """Request -> its draft and the draft nodes kept (they became tree nodes 1..), for requests with a tree."""
+    flat: FlatDrafts | None
+    """The step's drafts within their budgets (None when the drafter was not asked)."""
+    nodes: np.ndarray
+    """[N] int64 flat index of every verified draft node, in the order of the tree rows that are not roots."""
     drafted: bool
     """The drafter was asked (some budget > 0): a step with drafting work."""
     predicted: float = 0.0
@@ -164,24 +191,17 @@ class DraftSelector:
         ``started`` is the step's ``time.perf_counter()`` start (the drafting time is measured from it)."""
         budgets = self.step_budgets(running)
         ask = [i for i, b in enumerate(budgets) if b > 0]
-        trees: list[tuple[list[int], list[int]] | None] = [None] * len(running)  # None = the root alone
-        verified: dict[int, tuple[Draft, list[int]]] = {}
-        predicted = 0.0
-        if ask:
-            limits = [budgets[i] for i in ask]
-            got = self.drafter.draft_batch([running[i].req.rid for i in ask], limits)
-            theta, scores, probs = self._cut_scores(got, limits, len(running), prefill)
-            for i, d, sc, pr in zip(ask, got, scores, probs):
-                if len(d):
-                    toks, pars, kept = pack_draft(d, budgets[i], self.vocab_size, theta, sc)
-                    if len(toks) > 1:
-                        trees[i] = (toks, pars)
-                        verified[i] = (d, kept)
-                        predicted += 0.0 if pr is None else float(pr[kept].sum())
-        tb = TreeBatch.build(trees, [st.tokens[-1] for st in running])
-        if ask:
-            self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
-        return Selection(tb, verified, bool(ask), predicted)
+        roots = [st.tokens[-1] for st in running]
+        if not ask:
+            return Selection(TreeBatch.build([None] * len(running), roots), None, _NO_NODES, False)
+        limits = [budgets[i] for i in ask]
+        flat = FlatDrafts.of(self.drafter.draft_batch([running[i].req.rid for i in ask], limits), limits)
+        keep, probs = self._cut_keep(flat, len(running), prefill)
+        nodes, owner, parents = _tree_nodes(flat, pack_flat(flat, keep, self.vocab_size), ask)
+        tb = TreeBatch.from_nodes(roots, owner, flat.tokens[nodes], parents)
+        predicted = 0.0 if probs is None else float(probs[nodes].sum())
+        self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
+        return Selection(tb, flat, nodes, True, predicted)
 
     def acceptance_scale(self) -> float:
         """Accepted over predicted verified nodes, decayed, from ``scale_prior`` nodes of ratio 1 (1.0 without the
@@ -191,26 +211,21 @@ class DraftSelector:
         prior = self.governor.cfg.scale_prior
         return min(max((self._scale[0] + prior) / (self._scale[1] + prior), SCALE_RANGE[0]), SCALE_RANGE[1])
 
-    def _cut_scores(
-        self, drafts: list[Draft], limits: list[int], bsz: int, prefill: int
-    ) -> tuple[float, list[list[float] | None], list[np.ndarray | None]]:
-        """The cut's threshold, each draft's node scores for ``pack_draft`` (0.0 and None: keep every node) and its
-        calibrated path probabilities (None without the cut). Scores: 1.0 for the ``_keep`` most likely nodes of
-        the batch by calibrated probability times the acceptance scale (ties in draft and BFS order, so a parent,
-        never less likely than its child, comes first), 0.0 for the rest, and the threshold 0.5."""
-        theta, scores, probs = 0.0, [None] * len(drafts), [None] * len(drafts)
-        if self.cut and self.step_cost.ready:
-            flat = self.calibration.calibrate_drafts(drafts, limits)
-            splits = np.cumsum([min(len(d), n) for d, n in zip(drafts, limits)])[:-1]
-            probs = np.split(flat, splits)
-            weighed = np.minimum(flat * self.acceptance_scale(), 1.0)
-            order = np.argsort(-weighed, kind="stable")
-            k = self._keep(weighed[order], bsz, prefill)
-            if k < len(flat):
-                keep = np.zeros(len(flat))
-                keep[order[:k]] = 1.0
-                theta, scores = 0.5, [part.tolist() for part in np.split(keep, splits)]
-        return theta, scores, probs
+    def _cut_keep(self, flat: FlatDrafts, bsz: int, prefill: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Which nodes of ``flat`` the cut keeps ([n] bool: all without the cut or before the step model is ready)
+        and their calibrated path probabilities (None when the cut did not weigh them): the ``_keep`` most likely
+        nodes of the batch by calibrated probability times the acceptance scale (ties in draft and BFS order, so a
+        parent, never less likely than its child, comes first)."""
+        keep = np.ones(len(flat), dtype=bool)
+        if not (self.cut and self.step_cost.ready):
+            return keep, None
+        probs = self.calibration.calibrate_flat(flat)
+        weighed = np.minimum(probs * self.acceptance_scale(), 1.0)
+        order = np.argsort(-weighed, kind="stable")
+        k = self._keep(weighed[order], bsz, prefill)
+        if k < len(flat):
+            keep[order[k:]] = False
+        return keep, probs
 
     def _keep(self, desc: np.ndarray, bsz: int, prefill: int) -> int:
         """How many of the most likely draft nodes the step verifies: the cost-aware cut over ``desc`` [n], the
@@ -244,10 +259,10 @@ class DraftSelector:
             return
         seconds = time.perf_counter() - started
         decode_s = max(seconds - self.step_cost.prefill_cost() * prefill, 1e-6)  # less the modelled prefill cost
-        if sel.verified:  # what was accepted calibrates the drafted probabilities
-            self._learn(sel.verified, walks)
+        if len(sel.nodes):  # what was accepted calibrates the drafted probabilities
+            accepted = self._learn(sel, walks)
             if sel.predicted > 0.0 and self.governor is not None:
-                self._learn_scale(sel, walks, bsz, emitted / decode_s)
+                self._learn_scale(sel, accepted, bsz, emitted / decode_s)
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
             self.step_cost.observe(bsz, sel.tb.num_rows, seconds, prefill=prefill)
         elif self._pause > 0:
@@ -256,12 +271,12 @@ class DraftSelector:
         if self.governor is not None:  # measured tokens/s
             self.governor.observe(bsz, sel.drafted, emitted, decode_s)
 
-    def _learn_scale(self, sel: Selection, walks: list[WalkResult], bsz: int, rate: float) -> None:
-        """Update the acceptance scale and the ramp from a step the cut weighed, which emitted ``rate`` tokens/s:
-        did its accepted nodes pay for its draft rows, at the step model's cost of a row against a plain step's cost
-        per token, and was it as fast as the plain steps the governor measured in its bucket?"""
+    def _learn_scale(self, sel: Selection, accepted: int, bsz: int, rate: float) -> None:
+        """Update the acceptance scale and the ramp from a step the cut weighed, of which ``accepted`` verified nodes
+        were accepted and which emitted ``rate`` tokens/s: did its accepted nodes pay for its draft rows, at the step
+        model's cost of a row against a plain step's cost per token, and was it as fast as the plain steps the
+        governor measured in its bucket?"""
         cfg = self.governor.cfg
-        accepted = sum(len(walks[b].accepted_nodes) for b in sel.verified)
         self._scale = [cfg.scale_decay * self._scale[0] + accepted, cfg.scale_decay * self._scale[1] + sel.predicted]
         rows = sel.tb.num_rows - bsz
         paid = accepted * self.step_cost.base_cost(bsz) >= rows * self.step_cost.row_cost() * bsz
@@ -269,15 +284,16 @@ class DraftSelector:
         paid = paid and (plain is None or rate >= plain)
         self._ramp = min(2.0 * self._ramp, cfg.ramp_max) if paid else max(0.5 * self._ramp, 1.0)
 
-    def _learn(self, verified: dict[int, tuple[Draft, list[int]]], walks: list[WalkResult]) -> None:
-        """Teach the calibration this step's verified drafts: request b's ``kept`` draft nodes became its tree
-        nodes 1.., of which ``walks[b].accepted_nodes`` were accepted."""
-        drafts, seen, hit = [], [], []
-        for b, (d, kept) in verified.items():
-            flags = np.zeros((2, len(d)), dtype=bool)
-            flags[0, kept] = True
-            flags[1, [kept[node - 1] for node in walks[b].accepted_nodes]] = True
-            drafts.append(d)
-            seen.append(flags[0])
-            hit.append(flags[1])
-        self.calibration.observe_drafts(drafts, np.concatenate(hit), np.concatenate(seen))
+    def _learn(self, sel: Selection, walks: list[WalkResult]) -> int:
+        """Teach the calibration this step's verified nodes (``sel.nodes``), of which the walks accepted those on
+        their paths; returns how many were accepted."""
+        flat = sel.flat
+        node_of_row = np.full(sel.tb.num_rows, -1, dtype=np.int64)  # tree row -> flat node (-1: a root)
+        node_of_row[sel.tb.local > 0] = sel.nodes
+        accepted_rows = [r for w in walks for r in w.rows[1:]]
+        hit = np.zeros(len(flat), dtype=bool)
+        hit[node_of_row[accepted_rows]] = True
+        seen = np.zeros(len(flat), dtype=bool)
+        seen[sel.nodes] = True
+        self.calibration.observe_flat(flat, hit, seen)
+        return len(accepted_rows)

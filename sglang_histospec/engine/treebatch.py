@@ -15,6 +15,7 @@ all nodes of all trees in one row space. Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -57,34 +58,45 @@ class TreeBatch:
         children) or None (the root alone); ``root_tokens[b]`` replaces each tree's root token."""
         if len(trees) != len(root_tokens):
             raise ValueError(f"{len(trees)} trees but {len(root_tokens)} root tokens: pass one of each per request")
-        counts = np.fromiter((1 if t is None else len(t[0]) for t in trees), dtype=np.int64, count=len(trees))
-        offsets = np.zeros(len(trees) + 1, dtype=np.int64)
+        grown = [(b, t) for b, t in enumerate(trees) if t is not None and len(t[0]) > 1]
+        owner = np.fromiter(chain.from_iterable([b] * (len(t[0]) - 1) for b, t in grown), dtype=np.int64)
+        tokens = np.fromiter(chain.from_iterable(t[0][1:] for _, t in grown), dtype=np.int64, count=len(owner))
+        parents = np.fromiter(chain.from_iterable(t[1][1:] for _, t in grown), dtype=np.int64, count=len(owner))
+        return cls.from_nodes(root_tokens, owner, tokens, parents)
+
+    @classmethod
+    def from_nodes(
+        cls,
+        root_tokens: list[int],
+        owner: np.ndarray,  # [N] int64 request of every draft node, non-decreasing
+        tokens: np.ndarray,  # [N] int64 token of every draft node
+        parents: np.ndarray,  # [N] int64 parent within the request's tree: 0 = its root, j = its j-th node
+    ) -> TreeBatch:
+        """The batch of ``len(root_tokens)`` requests whose draft nodes are given flat, each request's in tree order
+        (node j of request b is the j-th node with owner b, numbered from 1; parents before children)."""
+        bsz = len(root_tokens)
+        counts = 1 + np.bincount(owner, minlength=bsz).astype(np.int64)
+        offsets = np.zeros(bsz + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         rows = int(offsets[-1])
-        owner = np.repeat(np.arange(len(trees), dtype=np.int64), counts)
-        local = np.arange(rows, dtype=np.int64) - offsets[owner]
-        if rows == len(trees):  # no request has a draft
-            roots = np.asarray(root_tokens, dtype=np.int64)
+        row_owner = np.repeat(np.arange(bsz, dtype=np.int64), counts)
+        local = np.arange(rows, dtype=np.int64) - offsets[row_owner]
+        roots = offsets[:-1]
+        all_tokens = np.empty(rows, dtype=np.int64)
+        all_tokens[roots] = np.asarray(root_tokens, dtype=np.int64).reshape(-1)
+        if rows == bsz:  # no request has a draft
             minus = np.full(rows, -1, dtype=np.int64)
             ident = np.arange(rows, dtype=np.int64)
-            return cls(counts, offsets, roots, minus, np.zeros(rows, dtype=np.int64), local, owner, (ident, ident))
-        toks: list[int] = []
-        pars: list[int] = []
-        for t, root in zip(trees, root_tokens):
-            if t is None:
-                toks.append(root)
-                pars.append(-1)
-            else:
-                toks.append(root)
-                toks.extend(t[0][1:])
-                pars.extend(t[1])
-        tokens = np.asarray(toks, dtype=np.int64)
-        parent = np.asarray(pars, dtype=np.int64)
-        has = parent >= 0
-        parent[has] += offsets[owner[has]]
+            return cls(
+                counts, offsets, all_tokens, minus, np.zeros(rows, dtype=np.int64), local, row_owner, (ident, ident)
+            )
+        nodes = np.flatnonzero(local > 0)  # rows of the draft nodes, in the given order
+        all_tokens[nodes] = tokens
+        parent = np.full(rows, -1, dtype=np.int64)
+        parent[nodes] = offsets[owner] + parents
         pair_rows, pair_keys = _ancestor_pairs(parent)
         depth = np.bincount(pair_rows, minlength=rows) - 1  # proper ancestors of each row
-        return cls(counts, offsets, tokens, parent, depth, local, owner, (pair_rows, pair_keys))
+        return cls(counts, offsets, all_tokens, parent, depth, local, row_owner, (pair_rows, pair_keys))
 
     @property
     def num_rows(self) -> int:

@@ -6,13 +6,17 @@ import collections
 import dataclasses
 import time
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from sglang_histospec.drafting import ROOT, Draft
 from sglang_histospec.drafting.draft_cut import StepCostModel
+from sglang_histospec.drafting.flat import FlatDrafts
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
 from sglang_histospec.engine.scheduler import Scheduler
-from sglang_histospec.engine.selector import DraftSelector, pack_draft
+from sglang_histospec.engine.selector import DraftSelector, _tree_nodes, pack_draft, pack_flat
 from sglang_histospec.engine.treebatch import WalkResult
 from tests.helpers.engine_tools import FixedBudgets, ScriptedDrafter
 
@@ -34,6 +38,38 @@ def test_pack_draft(budget, vocab, min_score, tokens, parents, kept):
 
 def test_pack_draft_drops_children_of_dropped_nodes():
     assert pack_draft(D, 4, 64, 0.5, scores=[0.1, 0.9, 0.9]) == ([0, 7], [-1, 0], [1])  # 6's parent 5 is cut
+
+
+@hst.composite
+def _drafts_and_keeps(draw):
+    """Drafts (parents before children, tokens partly outside a vocabulary of 8), limits and keep flags."""
+    drafts, limits, keeps = [], [], []
+    for _ in range(draw(hst.integers(0, 5))):
+        n = draw(hst.integers(0, 7))
+        parents = [draw(hst.integers(-1, i - 1)) for i in range(n)]
+        tokens = draw(hst.lists(hst.integers(-1, 9), min_size=n, max_size=n))
+        drafts.append(Draft(tokens, parents, [1.0] * n))
+        limits.append(draw(hst.integers(0, 8)))
+        keeps.append(draw(hst.lists(hst.booleans(), min_size=n, max_size=n)))
+    return drafts, limits, keeps
+
+
+@settings(max_examples=300, deadline=None)
+@given(_drafts_and_keeps())
+def test_pack_flat_matches_pack_draft_per_draft(case):
+    """The whole-step packing equals the per-draft reference (scores 1.0 / 0.0, min_score 0.5), trees included."""
+    drafts, limits, keeps = case
+    flat = FlatDrafts.of(drafts, limits)
+    assert flat.check() is None
+    keep = np.array([k for ks, n in zip(keeps, flat.sizes.tolist()) for k in ks[:n]], dtype=bool)
+    kept = pack_flat(flat, keep, vocab_size=8)
+    ask = [2 * i for i in range(len(drafts))]  # draft i belongs to request 2i
+    nodes, owner, parents = _tree_nodes(flat, kept, ask)
+    for i, (d, limit, ks) in enumerate(zip(drafts, limits, keeps)):
+        tokens, pars, want = pack_draft(d, limit, 8, 0.5, scores=[float(k) for k in ks])
+        mine = nodes[flat.owner[nodes] == i]
+        assert (mine - flat.starts[i]).tolist() == want
+        assert flat.tokens[mine].tolist() == tokens[1:] and parents[owner == ask[i]].tolist() == pars[1:]
 
 
 def _selector(drafter, budgets=None, max_context_len=64, **cfg):
@@ -70,7 +106,7 @@ def test_select_packs_trees_and_learns_what_was_accepted():
     for st in running:
         drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
     got = sel.select(running, prefill=4, started=0.0)
-    assert got.drafted and list(got.verified) == [0]
+    assert got.drafted and got.nodes.tolist() == [0, 1, 2, 3]  # r0's four nodes; r1 drafted nothing
     assert got.tb.counts.tolist() == [5, 1] and got.tb.tokens.tolist() == [6, 7, 8, 9, 10, 6]
     before = sel.calibration.table()
     sel.observe(got, [WalkResult([1, 2], [7, 8, 3], [0, 1, 2]), WalkResult([], [4], [5])], 2, 4, 4, 0.0)
