@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from sglang_histospec.drafting.draft_cut import StepCostConfig, StepCostModel
+
 TRUST_MARGIN = 0.01
 """Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
 probe of drafting that wins (a capped, small tree) restores it, while a probe that loses pushes it further down."""
@@ -51,6 +53,11 @@ class GovernorConfig:
     only)."""
     scale_prior: float = 4.0
     """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
+    explore_budget: float = 0.02
+    """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
+    run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
+    they emitted (by a fit of this engine's own plain steps, which come first); past it, every step decodes plainly
+    until the time of later steps makes room again (a drafting step that wins adds room). ``math.inf``: no limit."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or self.probe_every < 1 or self.max_probe_interval < self.probe_every:
@@ -72,6 +79,8 @@ class GovernorConfig:
             )
         if not self.probe_cost > 0.0:
             raise ValueError(f"GovernorConfig.probe_cost={self.probe_cost}: use a value > 0 (math.inf: no cap)")
+        if not self.explore_budget >= 0.0:
+            raise ValueError(f"GovernorConfig.explore_budget={self.explore_budget}: use a value >= 0 (math.inf: none)")
 
 
 def _bucket(bsz: int) -> int:
@@ -118,10 +127,16 @@ class SpecGovernor:
     def __init__(self, config: GovernorConfig | None = None) -> None:
         self.cfg = config or GovernorConfig()
         self._buckets: dict[int, _Bucket] = {}
-        self.stats = {"governed_plain_steps": 0, "probes": 0}
+        self.stats = {"governed_plain_steps": 0, "probes": 0, "budget_plain_steps": 0}
+        self._plain = StepCostModel(StepCostConfig(min_steps=max(3, self.cfg.min_samples)))  # plain s = a + b * bsz
+        self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
+        self._decode_s = 0.0  # seconds of every decode step since the history step
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
+        if not self.within_budget():
+            self.stats["budget_plain_steps"] += 1
+            return False
         b = self._buckets.setdefault(_bucket(bsz), _Bucket())
         n = self.cfg.min_samples
         if b.count[1] < n:
@@ -148,6 +163,12 @@ class SpecGovernor:
         self.stats["governed_plain_steps"] += not use
         return use
 
+    def within_budget(self) -> bool:
+        """Whether drafting may run now under ``explore_budget`` (the plain fit measured, the excess within it)."""
+        if math.isinf(self.cfg.explore_budget):
+            return True
+        return self._plain.ready and self._excess <= self.cfg.explore_budget * self._decode_s
+
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
         drafting step that is not trusted is a probe, whose draft rows the selector caps (``probe_cost``)."""
@@ -159,6 +180,7 @@ class SpecGovernor:
         drafts may pay where the last step's did not). One fresh drafting step per bucket, weighed as much as the
         old mean, decides, so a drafter that still does not pay costs one step, not ``min_samples``."""
         n = self.cfg.min_samples
+        self._excess, self._decode_s = 0.0, 0.0
         for b in self._buckets.values():
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
@@ -169,6 +191,11 @@ class SpecGovernor:
         """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""
         if seconds <= 0.0 or bsz < 1:
             return
+        self._decode_s += seconds
+        if not drafted:
+            self._plain.observe(bsz, bsz, seconds)
+        elif self._plain.ready:  # what the tokens would have cost plainly: tokens / bsz plain steps
+            self._excess += seconds - tokens * self._plain.base_cost(bsz) / bsz
         b = self._buckets.setdefault(_bucket(bsz), _Bucket())
         mode = int(bool(drafted))
         rate = tokens / seconds

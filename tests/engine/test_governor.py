@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sglang_histospec.engine.governor import GovernorConfig, SpecGovernor
@@ -131,3 +133,36 @@ def test_plain_rate_is_the_bucket_mean_of_plain_steps():
     assert g.plain_rate(8) is None
     g.observe(8, drafted=False, tokens=8, seconds=0.1)
     assert g.plain_rate(9) == pytest.approx(80.0) and g.plain_rate(16) is None
+
+
+@pytest.mark.parametrize("slowdown", [0.95, 0.6, 0.1])
+@pytest.mark.parametrize("bsz", [1, 16, 64])
+def test_losing_drafting_costs_at_most_the_explore_budget(slowdown, bsz):
+    """Whatever the buckets decide, drafting steps that lose cost at most ``explore_budget`` of the decode time
+    (plus the one step that crosses it) over decoding every token plainly."""
+    g = SpecGovernor()
+    plain_step = 0.002 + 1e-5 * bsz
+    spent = tokens = 0.0
+    for _ in range(3000):
+        spec = g.use_spec(bsz)
+        seconds = plain_step / slowdown if spec else plain_step
+        g.observe(bsz, spec, tokens=bsz, seconds=seconds)
+        spent, tokens = spent + seconds, tokens + bsz
+    plain_time = tokens / bsz * plain_step
+    assert spent <= (1.0 + g.cfg.explore_budget) * plain_time + plain_step / slowdown
+    assert g.stats["budget_plain_steps"] > 0
+
+
+def test_the_explore_budget_starts_again_at_each_history_step():
+    g = SpecGovernor()
+    run(g, 8, 4, spec_rate=100.0, plain_rate=100.0)  # plain steps first: the fit the budget is measured against
+    assert g.within_budget()
+    g.observe(4, True, tokens=4, seconds=10.0)  # one drafting step far slower than plain
+    assert not g.within_budget() and not g.use_spec(4)
+    g.forget_drafting()  # a new history step: a fresh window
+    assert g.within_budget() and g.use_spec(4)
+
+
+def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
+    assert SpecGovernor(GovernorConfig(explore_budget=math.inf)).use_spec(4)
+    assert not SpecGovernor().use_spec(4)  # the default measures plain steps first

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
 from sglang_histospec.engine.engine import Engine
+from sglang_histospec.engine.governor import GovernorConfig
 from tests.helpers.engine_tools import FixedBudgets, ScriptedDrafter
 from tests.helpers.tiny import make_tiny_model_dir
 
@@ -168,7 +171,9 @@ def _run_with_cut(model_dirs, ps, selection, row_cost):
 
     refs = {f"p{i}": r.output_ids for i, r in enumerate(plain_outputs(model_dirs["llama"], ps))}
     drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=2, wrong_first=False)
-    cfg = EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection=selection)
+    # the cut alone: no explore budget (it would hold the first steps plain until this engine's plain steps are fitted)
+    gov = GovernorConfig(explore_budget=math.inf)
+    cfg = EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection=selection, governor=gov)
     engine = Engine(cfg, drafter=drafter, budgets=FixedBudgets(8))
     model = StepCostModel()
     for extra in (0, 10) * 16:  # a ready model: 50 ms per step (far above the drafting time), row_cost per extra row

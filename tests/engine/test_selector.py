@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ from sglang_histospec.drafting import ROOT, Draft
 from sglang_histospec.drafting.draft_cut import StepCostModel
 from sglang_histospec.drafting.flat import FlatDrafts
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
+from sglang_histospec.engine.governor import GovernorConfig
 from sglang_histospec.engine.scheduler import Scheduler
 from sglang_histospec.engine.selector import DraftSelector, _tree_nodes, pack_draft, pack_flat
 from sglang_histospec.engine.treebatch import WalkResult
@@ -73,6 +75,8 @@ def test_pack_flat_matches_pack_draft_per_draft(case):
 
 
 def _selector(drafter, budgets=None, max_context_len=64, **cfg):
+    # the selector's own rules: no explore budget (it holds drafting until plain steps were timed; test_governor.py)
+    cfg.setdefault("governor", GovernorConfig(explore_budget=math.inf))
     config = EngineConfig(model_path="unused", **cfg)
     return DraftSelector(config, drafter, budgets or FixedBudgets(4), max_context_len, 64, collections.Counter())
 
