@@ -2,9 +2,10 @@
 
 Per request, the walk's tokens are appended until a stop token or ``max_new_tokens`` (``emit``); the accepted path's
 K/V, written at tree positions ``base + node``, moves to the consecutive positions ``base + 1, base + 2, ...``
-(``compaction_moves``); the drafter is told what each unfinished request emitted (``extend_batch``, else
-``extend`` one by one) and the budget controller the tree depth and accepted length. A finished request becomes
-a ``GenerateResult`` and, unless aborted or unrecorded, a response of the drafter's history (``Commit.finish``).
+(``compaction_moves``); the budget controller is told the tree depth and accepted length. The drafter hears what
+the requests emitted lazily (``tell_drafter``, before a step drafts and before a request finishes), so that steps
+decoded plainly cost the drafter nothing. A finished request becomes a ``GenerateResult`` and, unless aborted or
+unrecorded, a response of the drafter's history (``Commit.finish``).
 
 Example (``compaction_moves``): the root sits at cache index 10 and the walk accepted tree nodes 2 then 5; their
 K/V move from 12 and 15 to 11 and 12, so the request's cache ends with the root and the accepted path::
@@ -41,6 +42,22 @@ def emit(st: RequestState, walk: WalkResult, logprobs: list[float] | None) -> in
     return len(walk.tokens)
 
 
+def tell_drafter(drafter, states: list[RequestState]) -> None:
+    """Tell the drafter the output tokens of ``states`` it has not heard yet (``extend_batch``, else ``extend``)."""
+    late = [st for st in states if len(st.output) > st.told]
+    if not late:
+        return
+    rids, tokens = [st.req.rid for st in late], [st.output[st.told :] for st in late]
+    for st in late:
+        st.told = len(st.output)
+    extend_batch = getattr(drafter, "extend_batch", None)
+    if extend_batch is not None:
+        extend_batch(rids, tokens)
+    else:
+        for rid, toks in zip(rids, tokens):
+            drafter.extend(rid, toks)
+
+
 def compaction_moves(root_at: int, accepted_nodes: list[int]) -> list[tuple[int, int]]:
     """(source, destination) cache indices that pack the accepted path right after the root at ``root_at``."""
     return [(root_at + node, root_at + k) for k, node in enumerate(accepted_nodes, start=1) if node != k]
@@ -51,7 +68,7 @@ class Commit:
     budgets, and counts into the engine's ``stats``: verify_steps, draft_tokens, accepted_tokens,
     generated_tokens, step_tokens, requests_finished, requests_aborted.
 
-    ``speculate``: the drafter follows the requests (``extend``) and the budgets forget finished ones;
+    ``speculate``: the budgets forget finished ones;
     ``adaptive``: the budgets learn each step's depth and accepted length; ``record_responses``: finished
     responses of requests with a prompt id go to the drafter's history."""
 
@@ -75,7 +92,6 @@ class Commit:
         self.speculate = speculate
         self.adaptive = adaptive
         self.record_responses = record_responses
-        self._extend_batch = getattr(drafter, "extend_batch", None)
 
     def step(
         self,
@@ -89,7 +105,6 @@ class Commit:
         depths = np.maximum.reduceat(tb.depth, tb.offsets[:-1]) if self.adaptive else None
         lp_at = step_emitted = 0
         moves: list[tuple[int, int, int]] = []  # (slot, source, destination)
-        ext_rids, ext_tokens = [], []  # what each unfinished request emitted, for the drafter
         for b, (st, walk) in enumerate(zip(running, walks)):
             drafted = int(tb.counts[b]) - 1
             own = (
@@ -113,14 +128,6 @@ class Commit:
                 root_at = int(base[b])
                 moves += [(b, src, dst) for src, dst in compaction_moves(root_at, walk.accepted_nodes)]
                 st.kv_len = root_at + 1 + len(walk.accepted_nodes)
-                if self.speculate:
-                    ext_rids.append(st.req.rid)
-                    ext_tokens.append(walk.tokens)
-        if ext_rids and self._extend_batch is not None:
-            self._extend_batch(ext_rids, ext_tokens)
-        else:
-            for rid, toks in zip(ext_rids, ext_tokens):
-                self.drafter.extend(rid, toks)
         if moves:
             slot, src, dst = (torch.tensor(list(col), device=self.device) for col in zip(*moves))
             self.cache.move_tokens(slot, src, dst)
@@ -135,6 +142,8 @@ class Commit:
             self.stats["requests_aborted"] += 1
         else:
             if self.record_responses and req.prompt_id is not None:
+                if self.speculate:  # its last drafts learn from the whole response
+                    tell_drafter(self.drafter, [st])
                 self.drafter.finish(rid, list(st.output))
             else:
                 self.drafter.abort(rid)

@@ -30,6 +30,7 @@ class RequestState:
     kv_len: int = 0  # tokens[:kv_len] have their K/V in the cache slot
     uniforms: np.ndarray = field(default_factory=lambda: np.empty(0))  # u[skip + j] draws output token j
     skip: int = 0  # sampling.seed_offset: uniforms used by the tokens emitted before a resumption
+    told: int = 0  # output tokens the drafter was told (``commit.tell_drafter`` catches it up before it drafts)
     verify_ct: int = 0
     draft_ct: int = 0
     accept_ct: int = 0

@@ -21,6 +21,7 @@ from sglang_histospec.drafting import ROOT, Draft
 from sglang_histospec.drafting.calibration import DraftCalibration
 from sglang_histospec.drafting.draft_cut import StepCostModel, best_cut
 from sglang_histospec.drafting.flat import FlatDrafts
+from sglang_histospec.engine.commit import tell_drafter
 from sglang_histospec.engine.governor import SpecGovernor
 from sglang_histospec.engine.request import RequestState
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
@@ -195,6 +196,7 @@ class DraftSelector:
         if not ask:
             return Selection(TreeBatch.build([None] * len(running), roots), None, _NO_NODES, False)
         limits = [budgets[i] for i in ask]
+        tell_drafter(self.drafter, running)  # what every request emitted since the drafter last heard
         flat = FlatDrafts.of(self.drafter.draft_batch([running[i].req.rid for i in ask], limits), limits)
         keep, probs = self._cut_keep(flat, len(running), prefill)
         nodes, owner, parents = _tree_nodes(flat, pack_flat(flat, keep, self.vocab_size), ask)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import collections
 
 import numpy as np
+import pytest
 import torch
 
 from sglang_histospec.engine import GenerateRequest, SamplingParams
-from sglang_histospec.engine.commit import Commit, compaction_moves, emit
+from sglang_histospec.engine.commit import Commit, compaction_moves, emit, tell_drafter
 from sglang_histospec.engine.request import RequestState
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 
@@ -70,7 +71,8 @@ def test_compaction_moves():
 
 
 def test_step_commits_tokens_cache_and_drafter():
-    """Request 0 accepts tree nodes 2 then 3 (moved next to its root), request 1 stops; only request 0 extends."""
+    """Request 0 accepts tree nodes 2 then 3 (moved next to its root), request 1 stops; the drafter hears nothing
+    (it is told lazily, ``tell_drafter``)."""
     drafter, budgets, cache, stats = Recorder(), Recorder(), Recorder(), collections.Counter()
     commit = _commit(drafter, budgets, cache, stats, adaptive=True)
     a, b = _state("a", return_logprob=True), _state("b")
@@ -82,7 +84,7 @@ def test_step_commits_tokens_cache_and_drafter():
     assert (a.verify_ct, a.draft_ct, a.accept_ct) == (1, 3, 2)
     [(name, slot, src, dst)] = cache.calls
     assert name == "move_tokens" and slot.tolist() == [0, 0] and src.tolist() == [3, 4] and dst.tolist() == [2, 3]
-    assert drafter.calls == [("extend_batch", ["a"], [[8, 9, 4]])]
+    assert drafter.calls == []
     assert budgets.calls == [("update", "a", 2, 2), ("update", "b", 0, 0)]  # tree depth, accepted length
     assert dict(stats) == {
         "verify_steps": 2,
@@ -93,15 +95,29 @@ def test_step_commits_tokens_cache_and_drafter():
     }
 
 
-def test_step_without_speculation_or_extend_batch():
+def test_step_without_speculation():
     drafter, budgets, cache = Recorder(batch=False), Recorder(), Recorder()
     off = _commit(drafter, budgets, cache, speculate=False)
     st = _state()
     off.step([st], TreeBatch.build([None], [5]), [WalkResult([], [7], [0])], None, base=np.array([1]))
     assert drafter.calls == [] and budgets.calls == [] and cache.calls == [] and st.kv_len == 2
-    on = _commit(drafter, budgets, cache)
-    on.step([st], TreeBatch.build([None], [7]), [WalkResult([], [9], [0])], None, base=np.array([2]))
-    assert drafter.calls == [("extend", "a", [9])] and budgets.calls == []
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_the_drafter_is_told_each_token_once_when_asked(batch):
+    """Steps decoded plainly cost the drafter nothing; telling it catches up every request at once."""
+    drafter = Recorder(batch=batch)
+    a, b, c = _state("a"), _state("b"), _state("c")
+    a.output, b.output = [7, 8], [9]
+    tell_drafter(drafter, [a, b, c])
+    a.output.append(3)
+    tell_drafter(drafter, [a, b, c])
+    tell_drafter(drafter, [a, b, c])  # nothing new
+    if batch:
+        assert drafter.calls == [("extend_batch", ["a", "b"], [[7, 8], [9]]), ("extend_batch", ["a"], [[3]])]
+    else:
+        assert drafter.calls == [("extend", "a", [7, 8]), ("extend", "b", [9]), ("extend", "a", [3])]
+    assert (a.told, b.told, c.told) == (3, 1, 0)
 
 
 def test_finish_records_or_aborts():
@@ -115,6 +131,7 @@ def test_finish_records_or_aborts():
     assert (res.rid, res.output_ids, res.completion_tokens, res.output_logprobs) == ("a", [7], 1, None)
     assert commit.finish(aborted).output_logprobs == []
     commit.finish(anonymous)
-    assert drafter.calls == [("finish", "a", [7]), ("abort", "b"), ("abort", "c")]
+    # the finished request's drafts learn from its whole response first
+    assert drafter.calls == [("extend_batch", ["a"], [[7]]), ("finish", "a", [7]), ("abort", "b"), ("abort", "c")]
     assert budgets.calls == [("remove", "a"), ("remove", "b"), ("remove", "c")]
     assert stats == {"requests_finished": 2, "requests_aborted": 1}
