@@ -142,7 +142,7 @@ class Commit:
             self.stats["requests_aborted"] += 1
         else:
             if self.record_responses and req.prompt_id is not None:
-                if self.speculate:  # its last drafts learn from the whole response
+                if self.speculate and st.draft_ct:  # its last drafts learn from the whole response
                     tell_drafter(self.drafter, [st])
                 self.drafter.finish(rid, list(st.output))
             else:

@@ -125,13 +125,18 @@ def test_finish_records_or_aborts():
     commit = _commit(drafter, budgets, None, stats)
     done, aborted, anonymous = _state("a"), _state("b", return_logprob=True), _state("c", prompt_id=None)
     for st, finish in ((done, {"type": "length", "length": 1}), (aborted, {"type": "abort", "message": "x"})):
-        st.output, st.finish = [7], finish
+        st.output, st.finish, st.draft_ct = [7], finish, 2
     anonymous.finish = {"type": "stop", "matched": 2}
     res = commit.finish(done)
     assert (res.rid, res.output_ids, res.completion_tokens, res.output_logprobs) == ("a", [7], 1, None)
     assert commit.finish(aborted).output_logprobs == []
     commit.finish(anonymous)
-    # the finished request's drafts learn from its whole response first
+    # the finished request's drafts learn from its whole response first (one that never drafted is not told)
     assert drafter.calls == [("extend_batch", ["a"], [[7]]), ("finish", "a", [7]), ("abort", "b"), ("abort", "c")]
     assert budgets.calls == [("remove", "a"), ("remove", "b"), ("remove", "c")]
     assert stats == {"requests_finished": 2, "requests_aborted": 1}
+    drafter.calls.clear()
+    undrafted = _state("d")
+    undrafted.output, undrafted.finish = [7, 8], {"type": "length", "length": 2}
+    commit.finish(undrafted)
+    assert drafter.calls == [("finish", "d", [7, 8])]
