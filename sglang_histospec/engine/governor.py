@@ -98,6 +98,7 @@ class _Bucket:
     steps: int = 0  # observed steps in this bucket
     last: list[int] = field(default_factory=lambda: [0, 0])  # step count at each mode's last observation
     log_ratio: float | None = None  # decayed mean of log(drafting / plain tokens/s), probes against the winner
+    won: bool = False  # drafting was measured to win here at some history step (kept by forget_drafting)
 
     def spec_wins(self) -> bool:
         return self.rate[1] >= self.rate[0] if self.log_ratio is None else self.log_ratio >= 0.0
@@ -134,7 +135,7 @@ class SpecGovernor:
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
-        if not self.within_budget():
+        if not self.within_budget(bsz):
             self.stats["budget_plain_steps"] += 1
             return False
         b = self._buckets.setdefault(_bucket(bsz), _Bucket())
@@ -147,6 +148,7 @@ class SpecGovernor:
         if b.log_ratio is None:  # both modes measured: the first comparison of their means
             b.log_ratio = math.log(max(b.rate[1], 1e-12) / max(b.rate[0], 1e-12))
         spec_wins = b.spec_wins()
+        b.won = b.won or spec_wins
         if b.interval == 0:
             b.interval = self.cfg.probe_every
         b.since_probe += 1
@@ -163,11 +165,20 @@ class SpecGovernor:
         self.stats["governed_plain_steps"] += not use
         return use
 
-    def within_budget(self) -> bool:
-        """Whether drafting may run now under ``explore_budget`` (the plain fit measured, the excess within it)."""
+    def within_budget(self, bsz: int | None = None) -> bool:
+        """Whether drafting may run now under ``explore_budget``: the plain fit measured and the excess within the
+        budget; for a step of ``bsz`` requests in a bucket where drafting was never measured to win, with room left
+        for a probe (``probe_cost`` x a plain step, at most one plain step), so that a probe cannot overrun the budget
+        by more than its cap."""
         if math.isinf(self.cfg.explore_budget):
             return True
-        return self._plain.ready and self._excess <= self.cfg.explore_budget * self._decode_s
+        if not self._plain.ready:
+            return False
+        room = self.cfg.explore_budget * self._decode_s - self._excess
+        b = None if bsz is None else self._buckets.get(_bucket(bsz))
+        if bsz is not None and not (b is not None and b.won):  # a bucket where drafting never won: room for a probe
+            room -= min(self.cfg.probe_cost, 1.0) * self._plain.base_cost(bsz)
+        return room >= 0.0
 
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
@@ -187,15 +198,22 @@ class SpecGovernor:
             b.last[1] = -(self.cfg.probe_every + 1)  # the next drafting step counts as stale: weight 0.5
             b.log_ratio = None  # ... and the ratio restarts from the two means once it is in
 
-    def observe(self, bsz: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """Record one finished decode step (no merged prefill): did it draft, tokens emitted, wall seconds."""
+    def observe(
+        self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int = 0, wall_s: float | None = None
+    ) -> None:
+        """Record one finished decode step: did it draft, tokens emitted, ``seconds`` of decoding (wall time less
+        the modelled cost of its ``prefill`` merged prefill tokens) and its whole ``wall_s`` (default ``seconds``).
+        The explore budget compares wall times, with the plain fit's own prefill cost: no modelled share decides it.
+        """
         if seconds <= 0.0 or bsz < 1:
             return
-        self._decode_s += seconds
+        wall = seconds if wall_s is None else wall_s
+        self._decode_s += wall
         if not drafted:
-            self._plain.observe(bsz, bsz, seconds)
-        elif self._plain.ready:  # what the tokens would have cost plainly: tokens / bsz plain steps
-            self._excess += seconds - tokens * self._plain.base_cost(bsz) / bsz
+            self._plain.observe(bsz, bsz, wall, prefill=prefill)
+        elif self._plain.ready:  # what the step would have cost plainly: tokens / bsz plain steps and the prefill
+            plain = tokens * self._plain.base_cost(bsz) / bsz + self._plain.prefill_cost() * prefill
+            self._excess += wall - plain
         b = self._buckets.setdefault(_bucket(bsz), _Bucket())
         mode = int(bool(drafted))
         rate = tokens / seconds

@@ -271,7 +271,7 @@ class DraftSelector:
             self._pause -= 1
             self.stats["paused_steps"] += 1
         if self.governor is not None:  # measured tokens/s
-            self.governor.observe(bsz, sel.drafted, emitted, decode_s)
+            self.governor.observe(bsz, sel.drafted, emitted, decode_s, prefill=prefill, wall_s=seconds)
 
     def _learn_scale(self, sel: Selection, accepted: int, bsz: int, rate: float) -> None:
         """Update the acceptance scale and the ramp from a step the cut weighed, of which ``accepted`` verified nodes

@@ -8,6 +8,9 @@ import pytest
 
 from sglang_histospec.engine.governor import GovernorConfig, SpecGovernor
 
+UNBUDGETED = GovernorConfig(explore_budget=math.inf)
+"""For tests of the buckets' rules apart from the explore budget (tested below)."""
+
 
 def run(g: SpecGovernor, steps: int, bsz: int, spec_rate: float, plain_rate: float) -> list[bool]:
     """Drive ``steps`` decisions; a drafting step runs at ``spec_rate`` tokens/s, a plain one at ``plain_rate``."""
@@ -69,7 +72,7 @@ def test_a_drafting_probe_that_drafted_nothing_is_repeated():
 
 
 def test_new_history_makes_drafting_be_measured_again():
-    g = SpecGovernor()
+    g = SpecGovernor(UNBUDGETED)  # the buckets' rules alone
     run(g, 200, 4, spec_rate=50.0, plain_rate=100.0)  # no history yet: plain wins
     g.forget_drafting()  # the drafter closed a step
     assert g.use_spec(4)  # drafting is measured again at once
@@ -120,7 +123,7 @@ def test_trusted_drafting_that_stops_paying_loses_the_trust_within_a_few_steps(t
 
 def test_trust_withdrawn_by_rechecks_returns_with_the_first_winning_probe():
     """Re-checks withdraw the trust just below parity; the next drafting probe that measures a win restores it."""
-    g = SpecGovernor()
+    g = SpecGovernor(UNBUDGETED)  # the buckets' rules alone
     run(g, 200, 8, spec_rate=200.0, plain_rate=100.0)
     run(g, 10, 8, spec_rate=70.0, plain_rate=100.0)
     assert not g.trusts_spec(8)
@@ -159,8 +162,13 @@ def test_the_explore_budget_starts_again_at_each_history_step():
     assert g.within_budget()
     g.observe(4, True, tokens=4, seconds=10.0)  # one drafting step far slower than plain
     assert not g.within_budget() and not g.use_spec(4)
-    g.forget_drafting()  # a new history step: a fresh window
-    assert g.within_budget() and g.use_spec(4)
+    g.forget_drafting()  # a new history step: a fresh window, drafting as soon as plain time makes room for a probe
+    assert g.within_budget() and not g.within_budget(4)
+    waited = 0
+    while not g.use_spec(4):
+        g.observe(4, False, tokens=4, seconds=0.04)
+        waited += 1
+    assert waited == 13  # 0.02 x 13 x 0.04 s >= 0.25 x the 0.04 s plain step
 
 
 def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
