@@ -156,7 +156,19 @@ def run_grpo(
         with warnings.catch_warnings():  # TRL 1.16 still calls transformers' deprecated checkpointing names
             warnings.filterwarnings("ignore", r".*gradient_checkpointing.* is deprecated", FutureWarning)
             trainer.train()
+        _save_server_stats(server.url, work / "server-stats.json")
     return _epochs(run.per_step, config, speculative_algorithm)
+
+
+def _save_server_stats(url: str, path: Path) -> None:
+    """The server's ``/histospec/stats`` at the end of the run (the engine's counters, its step model and governor:
+    how many steps decoded plainly and why), written to ``path`` as JSON."""
+    import json
+
+    from sglang_histospec.server.client import HistoSpecClient
+
+    with HistoSpecClient(url) as client:
+        path.write_text(json.dumps(client.stats(), indent=1, default=str))
 
 
 def _trainer(model_dir: str | os.PathLike, rows: list[dict], run: _Run, url: str, output_dir: Path) -> Any:

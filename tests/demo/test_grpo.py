@@ -49,6 +49,10 @@ def test_grpo_with_and_without_histospec_writes_trace_and_epoch_stats(tiny_model
     assert all(s.responses == 8 and s.seconds > 0 and s.tokens > 0 for s in spec + plain)
     assert all(s.tau == 1.0 and s.drafted == 0 for s in plain)
     assert spec[1].drafted > 0  # the second epoch drafts from the first epoch's pushed history
+    server_stats = json.loads((tmp_path / "on" / "server-stats.json").read_text())  # why steps decoded plainly
+    assert {"governed_plain_steps", "budget_plain_steps"} <= set(
+        server_stats["backend"]["engine"]["step_cost"]["governor"]
+    )
 
     steps, was_sorted = load_steps(trace)
     assert was_sorted and [s.step for s in steps] == [0, 1, 2, 3]
