@@ -140,15 +140,8 @@ class DraftCalibration:
         return flat.cond(), flat.parents, keys_of(flat)
 
     def calibrate_flat(self, flat: FlatDrafts) -> np.ndarray:  # [n] float
-        """Expected acceptance of every node of ``flat``: the product of calibrated conditionals along its path
-        (pointer jumping: log2(depth) vector steps)."""
-        q = self.calibrate(flat.cond(), keys_of(flat))
-        up = flat.parents.copy()
-        while (up >= 0).any():  # q[i] holds the product over the 2^k nodes ending at i; up[i] the node above them
-            has = up >= 0
-            q = np.where(has, q * q[np.maximum(up, 0)], q)
-            up = np.where(has, up[np.maximum(up, 0)], -1)
-        return q
+        """Expected acceptance of every node of ``flat``: the product of calibrated conditionals along its path."""
+        return flat.along_paths(self.calibrate(flat.cond(), keys_of(flat)), np.multiply)
 
     def calibrate_drafts(self, drafts: list[Draft], limits: list[int] | None = None) -> np.ndarray:  # [n] float
         """``calibrate_flat`` of the first ``limits[i]`` nodes of every draft (``flatten``'s order)."""

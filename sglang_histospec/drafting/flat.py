@@ -65,6 +65,17 @@ class FlatDrafts:
         above = np.where(self.parents >= 0, self.probs[np.maximum(self.parents, 0)], 1.0)
         return np.minimum(self.probs / np.maximum(above, 1e-12), 1.0)
 
+    def along_paths(self, values: np.ndarray, combine: np.ufunc) -> np.ndarray:  # [n] -> [n]
+        """``combine`` (a numpy ufunc such as ``np.multiply`` or ``np.logical_and``) of every node's value and its
+        ancestors' values ([n] ``values``), by pointer jumping (log2(depth) vector steps). Example: with parents
+        ``[-1, 0, 1]`` and ``np.multiply``, ``[0.5, 0.5, 0.5]`` gives ``[0.5, 0.25, 0.125]``."""
+        out, up = values, self.parents.copy()
+        while (up >= 0).any():  # out[i] combines the 2^k nodes ending at i; up[i] is the node above them
+            has = up >= 0
+            out = np.where(has, combine(out, out[np.maximum(up, 0)]), out)
+            up = np.where(has, up[np.maximum(up, 0)], -1)
+        return out
+
     def check(self) -> str | None:
         """Return a description of the first broken invariant, or None when the arrays are well formed."""
         n = len(self.tokens)

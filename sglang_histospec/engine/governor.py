@@ -175,9 +175,10 @@ class SpecGovernor:
         if not self._plain.ready:
             return False
         room = self.cfg.explore_budget * self._decode_s - self._excess
-        b = None if bsz is None else self._buckets.get(_bucket(bsz))
-        if bsz is not None and not (b is not None and b.won):  # a bucket where drafting never won: room for a probe
-            room -= min(self.cfg.probe_cost, 1.0) * self._plain.base_cost(bsz)
+        if bsz is not None:
+            b = self._buckets.get(_bucket(bsz))
+            if b is None or not b.won:  # a bucket where drafting never won: room for a probe
+                room -= min(self.cfg.probe_cost, 1.0) * self._plain.base_cost(bsz)
         return room >= 0.0
 
     def trusts_spec(self, bsz: int) -> bool:

@@ -61,14 +61,10 @@ def pack_flat(flat: FlatDrafts, keep: np.ndarray, vocab_size: int) -> np.ndarray
     whose ancestors are all kept (:func:`pack_draft` of every draft at once, with scores 1.0 / 0.0 and
     ``min_score`` 0.5)."""
     ok = keep & (flat.tokens >= 0) & (flat.tokens < vocab_size)
-    up = flat.parents.copy()
-    if not (ok & (up >= 0) & ~ok[np.maximum(up, 0)]).any():  # closed already (the cut keeps parents first)
+    par = flat.parents
+    if not (ok & (par >= 0) & ~ok[np.maximum(par, 0)]).any():  # closed already (the cut keeps parents first)
         return ok
-    while (up >= 0).any():  # pointer jumping: ok[i] is the AND over the 2^k nodes ending at i
-        has = up >= 0
-        ok = np.where(has, ok & ok[np.maximum(up, 0)], ok)
-        up = np.where(has, up[np.maximum(up, 0)], -1)
-    return ok
+    return flat.along_paths(ok, np.logical_and)
 
 
 def _tree_nodes(flat: FlatDrafts, kept: np.ndarray, ask: list[int]) -> tuple[np.ndarray, ...]:

@@ -45,3 +45,15 @@ def test_bad_input_and_broken_invariants():
     f = FlatDrafts.of([A, B])
     f.parents[3] = 0  # draft 1's node points into draft 0
     assert "another draft" in f.check()
+
+
+def test_along_paths_combines_each_node_with_its_ancestors():
+    chain_ = FlatDrafts.of([Draft([1, 2, 3], [ROOT, 0, 1], [1.0, 1.0, 1.0]), B])
+    got = chain_.along_paths(np.array([0.5, 0.5, 0.5, 0.9]), np.multiply)
+    assert np.allclose(got, [0.5, 0.25, 0.125, 0.9])  # the docstring's example, then draft 1's root child
+    assert chain_.along_paths(np.array([True, False, True, True]), np.logical_and).tolist() == [
+        True,
+        False,
+        False,
+        True,
+    ]
