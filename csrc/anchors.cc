@@ -236,6 +236,8 @@ struct Scan {
   }
 };
 
+constexpr int64_t kPrefetch = 8;  // postings a scan reads ahead (their tokens are cache misses, independent ones)
+
 // One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
 // ctx[n - 1 - kind], those matching at least the source's minimum length.
 void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, const CorpusPtr* last) {
@@ -250,6 +252,8 @@ void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, con
     for (const Posting* p = hi; p != lo;) {
       --p;
       if (seen == kScan) return;
+      // Each posting's tokens lie far from the last one's: fetch kPrefetch postings ahead, so misses overlap.
+      if (p - lo >= kPrefetch) corpus.prefetch(p[-kPrefetch]);
       ++seen;
       const Span seq = corpus.sequence(p->seq);
       int64_t j = p->j;
@@ -318,7 +322,12 @@ struct Trie {
     for (int32_t c = first_child[v]; c >= 0; c = next_sibling[c])
       if (nd[c].token == t) return c;
     const int32_t c = size();
-    nd.push_back({t, static_cast<uint16_t>(v), static_cast<uint8_t>(nd[v].depth + 1), 0});
+    const uint8_t depth = static_cast<uint8_t>(nd[v].depth + 1);
+    PendingNode& added = nd.emplace_back();  // filled in place: a pushed temporary costs a store-forwarding stall
+    added.token = t;
+    added.parent = static_cast<uint16_t>(v);
+    added.depth = depth;
+    added.bin = 0;
     first_child[c] = -1;
     next_sibling[c] = first_child[v];
     first_child[v] = c;
