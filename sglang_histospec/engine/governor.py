@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 
 from sglang_histospec.drafting.draft_cut import StepCostConfig, StepCostModel
 
+PROBE_ROOM_MAX = 4.0
+"""Most plain steps of room the explore budget asks for before a probe of drafting (its measured excess, capped)."""
+
 TRUST_MARGIN = 0.01
 """Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
 probe of drafting that wins (a capped, small tree) restores it, while a probe that loses pushes it further down."""
@@ -99,6 +102,7 @@ class _Bucket:
     last: list[int] = field(default_factory=lambda: [0, 0])  # step count at each mode's last observation
     log_ratio: float | None = None  # decayed mean of log(drafting / plain tokens/s), probes against the winner
     won: bool = False  # drafting was measured to win here at some history step (kept by forget_drafting)
+    probe_excess: float | None = None  # decayed excess of its drafting steps before a win, in plain steps (kept)
 
     def spec_wins(self) -> bool:
         return self.rate[1] >= self.rate[0] if self.log_ratio is None else self.log_ratio >= 0.0
@@ -132,6 +136,7 @@ class SpecGovernor:
         self._plain = StepCostModel(StepCostConfig(min_steps=max(3, self.cfg.min_samples)))  # plain s = a + b * bsz
         self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
         self._decode_s = 0.0  # seconds of every decode step since the history step
+        self._probe_excess = min(self.cfg.probe_cost, 1.0)  # the last measured probe excess (any bucket), plain steps
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
@@ -168,8 +173,10 @@ class SpecGovernor:
     def within_budget(self, bsz: int | None = None) -> bool:
         """Whether drafting may run now under ``explore_budget``: the plain fit measured and the excess within the
         budget; for a step of ``bsz`` requests in a bucket where drafting was never measured to win, with room left
-        for a probe (``probe_cost`` x a plain step, at most one plain step), so that a probe cannot overrun the budget
-        by more than its cap."""
+        for a probe: the excess over the plain fit that its drafting steps were measured to cost before they won
+        (decayed; host work included, which the probe's row cap does not bound), at most ``PROBE_ROOM_MAX`` plain
+        steps; before any measurement the last one of another bucket, at first ``probe_cost`` plain steps (at most
+        one)."""
         if math.isinf(self.cfg.explore_budget):
             return True
         if not self._plain.ready:
@@ -178,7 +185,8 @@ class SpecGovernor:
         if bsz is not None:
             b = self._buckets.get(_bucket(bsz))
             if b is None or not b.won:  # a bucket where drafting never won: room for a probe
-                room -= min(self.cfg.probe_cost, 1.0) * self._plain.base_cost(bsz)
+                probe = self._probe_excess if b is None or b.probe_excess is None else b.probe_excess
+                room -= min(probe, PROBE_ROOM_MAX) * self._plain.base_cost(bsz)
         return room >= 0.0
 
     def trusts_spec(self, bsz: int) -> bool:
@@ -204,18 +212,27 @@ class SpecGovernor:
     ) -> None:
         """Record one finished decode step: did it draft, tokens emitted, ``seconds`` of decoding (wall time less
         the modelled cost of its ``prefill`` merged prefill tokens) and its whole ``wall_s`` (default ``seconds``).
-        The explore budget compares wall times, with the plain fit's own prefill cost: no modelled share decides it.
+        The explore budget compares wall times: the plain fit's, with its own prefill cost, or, when less, the
+        bucket's measured plain rate plus the step's modelled prefill share (``wall_s - seconds``).
         """
         if seconds <= 0.0 or bsz < 1:
             return
         wall = seconds if wall_s is None else wall_s
         self._decode_s += wall
+        b = self._buckets.setdefault(_bucket(bsz), _Bucket())
         if not drafted:
             self._plain.observe(bsz, bsz, wall, prefill=prefill)
         elif self._plain.ready:  # what the step would have cost plainly: tokens / bsz plain steps and the prefill
-            plain = tokens * self._plain.base_cost(bsz) / bsz + self._plain.prefill_cost() * prefill
-            self._excess += wall - plain
-        b = self._buckets.setdefault(_bucket(bsz), _Bucket())
+            step = self._plain.base_cost(bsz)
+            plain = tokens * step / bsz + self._plain.prefill_cost() * prefill
+            if b.count[0] > 0 and b.rate[0] > 0.0:  # ... or at the bucket's measured plain rate, if less: the safe side
+                plain = min(plain, tokens / b.rate[0] + (wall - seconds))
+            excess = wall - plain
+            self._excess += excess
+            if not b.won:  # what a probe costs here, in plain steps: the room the next one waits for
+                steps = max(excess, 0.0) / max(step, 1e-9)
+                b.probe_excess = steps if b.probe_excess is None else 0.5 * (b.probe_excess + steps)
+                self._probe_excess = b.probe_excess
         mode = int(bool(drafted))
         rate = tokens / seconds
         if b.log_ratio is not None and bool(drafted) != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:

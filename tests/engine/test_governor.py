@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sglang_histospec.engine.governor import GovernorConfig, SpecGovernor
+from sglang_histospec.engine.governor import PROBE_ROOM_MAX, GovernorConfig, SpecGovernor
 
 UNBUDGETED = GovernorConfig(explore_budget=math.inf)
 """For tests of the buckets' rules apart from the explore budget (tested below)."""
@@ -164,11 +164,29 @@ def test_the_explore_budget_starts_again_at_each_history_step():
     assert not g.within_budget() and not g.use_spec(4)
     g.forget_drafting()  # a new history step: a fresh window, drafting as soon as plain time makes room for a probe
     assert g.within_budget() and not g.within_budget(4)
+    # that probe cost 249 plain steps more than plain decoding: the next waits for room for PROBE_ROOM_MAX of them
+    assert waits_for_a_probe(g, 4, 0.04) == round(PROBE_ROOM_MAX / 0.02)
+
+
+def waits_for_a_probe(g: SpecGovernor, bsz: int, plain_s: float) -> int:
+    """Plain steps of ``plain_s`` seconds until the governor lets a step of ``bsz`` requests draft."""
     waited = 0
-    while not g.use_spec(4):
-        g.observe(4, False, tokens=4, seconds=0.04)
+    while not g.use_spec(bsz):
+        g.observe(bsz, False, tokens=bsz, seconds=plain_s)
         waited += 1
-    assert waited == 13  # 0.02 x 13 x 0.04 s >= 0.25 x the 0.04 s plain step
+    return waited
+
+
+def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
+    """The room a probe of drafting waits for is the excess its bucket's drafting steps were measured to cost before
+    they won (host work included), in plain steps; a bucket without a measurement takes the last one measured."""
+    g = SpecGovernor()
+    assert waits_for_a_probe(g, 4, 0.04) == 13  # first: probe_cost (0.25) plain steps; 0.02 x 13 x 0.04 s >= 0.01 s
+    g.observe(4, True, tokens=4, seconds=0.04 * 3)  # the probe took three plain steps' time: two more
+    g.forget_drafting()
+    assert waits_for_a_probe(g, 4, 0.04) in (100, 101)  # room for 2 plain steps at 0.02 of the decode time
+    g.forget_drafting()
+    assert waits_for_a_probe(g, 16, 0.04) in (100, 101)  # a new bucket: the last measured excess
 
 
 def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
