@@ -225,7 +225,7 @@ class SpecGovernor:
         elif self._plain.ready:  # what the step would have cost plainly: tokens / bsz plain steps and the prefill
             step = self._plain.base_cost(bsz)
             plain = tokens * step / bsz + self._plain.prefill_cost() * prefill
-            if b.count[0] > 0 and b.rate[0] > 0.0:  # ... or at the bucket's measured plain rate, if less: the safe side
+            if b.count[0] > 0 and b.rate[0] > 0.0:  # or the bucket's measured plain rate, if less: the safe side
                 plain = min(plain, tokens / b.rate[0] + (wall - seconds))
             excess = wall - plain
             self._excess += excess
