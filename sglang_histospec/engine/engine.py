@@ -85,7 +85,7 @@ class Engine:
             config.model_path, dtype=self.dtype, trust_remote_code=config.trust_remote_code
         )
         self.model = model.to(self.device).eval()
-        self._fwd = TreeForward(self.model)
+        self._fwd = TreeForward(self.model, packed=config.packed_linears)
         self.model_path = config.model_path
         self.weight_version: str | None = None
         self.vocab_size = int(hf_config.vocab_size)
@@ -250,6 +250,7 @@ class Engine:
         with torch.no_grad():
             for name, tensor in new_sd.items():
                 old_sd[name].copy_(tensor.to(old_sd[name].device))
+        self._fwd.repack()
         self.model_path = model_path
         self.weight_version = weight_version
         for st in self.scheduler.running:  # recompute every running request's KV with the new weights

@@ -97,6 +97,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed linear runs here (CPU, float32, torch built with oneDNN) and matches ``F.linear``."""
+    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w, x = torch.randn(8, 4), torch.randn(3, 4)
+        got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], "")
+        return bool(torch.allclose(got, F.linear(x, w), atol=1e-5))
+    except (AttributeError, RuntimeError):  # an op missing from this build
+        return False
+
+
 class TreeForward:
     """Runs the decoder of an HF Llama/Qwen2/Qwen3 model on arbitrary token sets with a boolean attention mask.
 
@@ -109,9 +121,15 @@ class TreeForward:
         mask = torch.ones(3, 3, dtype=torch.bool).tril()[None, None]       # [B, 1, N, T]
         hidden = fwd.forward(ids, pos, pos, mask, cache, slot_start=0)     # [1, 3, hidden]
         logits = fwd.logits(hidden)                                        # == hf_model(ids).logits
+
+    ``packed`` (CPU float32 only): every linear of the decoder and the LM head also keeps a oneDNN-packed copy of
+    its weight, used for passes of two or more rows (a pass of one row keeps ``F.linear``, faster there). Packed,
+    a row's result does not depend on how many rows share the pass, and few-row passes (decode steps of a small
+    batch, verify trees) run faster than with ``F.linear``; the copies cost the weights' memory once more. Call
+    ``repack()`` after changing the weights in place.
     """
 
-    def __init__(self, hf_model) -> None:
+    def __init__(self, hf_model, packed: bool = True) -> None:
         self.model = hf_model
         self.arch = check_architecture(hf_model.config)
         cfg = hf_model.config
@@ -121,6 +139,33 @@ class TreeForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.num_layers = cfg.num_hidden_layers
         self.has_qk_norm = hasattr(self.decoder.layers[0].self_attn, "q_norm")
+        self.packed = packed and _can_pack(self.device, self.dtype)
+        self._packed: dict[torch.nn.Module, torch.Tensor] = {}  # linear module -> its packed weight
+        self.repack()
+
+    def repack(self) -> None:
+        """Rebuild the packed weight copies from the modules' weights (a no-op when not ``packed``)."""
+        mods = [self.model.lm_head]
+        for layer in self.decoder.layers:
+            a, m = layer.self_attn, layer.mlp
+            mods += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        with torch.no_grad():
+            self._packed = (
+                {mod: torch.ops.mkldnn._reorder_linear_weight(mod.weight) for mod in mods} if self.packed else {}
+            )
+
+    def _linear(self, mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        """``mod(x)``, through the packed weight for two or more rows."""
+        w = self._packed.get(mod)
+        rows = x.numel() // x.shape[-1]
+        if w is None or rows < 2:
+            return mod(x)
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), w, mod.bias, "none", [], "")
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def _mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [..., hidden]
+        """The gated MLP of Llama, Qwen2 and Qwen3 (``down(act(gate(x)) * up(x))``) through ``_linear``."""
+        return self._linear(mlp.down_proj, mlp.act_fn(self._linear(mlp.gate_proj, x)) * self._linear(mlp.up_proj, x))
 
     @property
     def device(self) -> torch.device:
@@ -167,9 +212,9 @@ class TreeForward:
             attn = layer.self_attn
             residual = hidden
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(rows, self.num_heads, self.head_dim)
-            k = attn.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+            q = self._linear(attn.q_proj, x).view(rows, self.num_heads, self.head_dim)
+            k = self._linear(attn.k_proj, x).view(rows, self.num_kv_heads, self.head_dim)
+            v = self._linear(attn.v_proj, x).view(rows, self.num_kv_heads, self.head_dim)
             if self.has_qk_norm:
                 q = attn.q_norm(q)
                 k = attn.k_norm(k)
@@ -182,9 +227,9 @@ class TreeForward:
             values = kv[1, slot_start : slot_start + bsz, :, :t]
             padded[b_idx, n_idx] = q
             out = self._attend(padded, keys, values, mask, attn.scaling, wide)[b_idx, n_idx].reshape(1, rows, width)
-            hidden = residual + attn.o_proj(out)
+            hidden = residual + self._linear(attn.o_proj, out)
             residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = residual + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         out = hidden.new_zeros((bsz, n, hidden.shape[-1]))
         out[b_idx, n_idx] = self.decoder.norm(hidden)[0]
         return out
@@ -227,4 +272,4 @@ class TreeForward:
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., vocab] float32
-        return self.model.lm_head(hidden).float()
+        return self._linear(self.model.lm_head, hidden).float()

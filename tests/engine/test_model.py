@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_histospec.engine.model import TreeForward, check_architecture
+from sglang_histospec.engine.model import TreeForward, _can_pack, check_architecture
 from tests.helpers.tiny import make_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -113,3 +113,33 @@ def test_requests_without_a_tree_attend_apart_with_the_same_result(hf_model, mon
     for b in range(bsz):
         cols = n if b in wide_rows else 1
         torch.testing.assert_close(split[b, :cols], padded[b, :cols], atol=1e-5, rtol=1e-5)
+
+
+needs_packing = pytest.mark.skipif(
+    not _can_pack(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN packed linear"
+)
+
+
+@needs_packing
+def test_packed_linears_give_the_logits_of_the_plain_ones(hf_model):
+    packed, plain = TreeForward(hf_model), TreeForward(hf_model, packed=False)
+    assert packed.packed and not plain.packed
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    pos = torch.arange(9).repeat(2, 1)
+    mask = torch.ones(9, 9, dtype=torch.bool).tril().repeat(2, 1, 1, 1)
+    out = []
+    for fwd in (packed, plain):
+        cache = fwd.new_cache(max_slots=2, max_capacity=16)
+        cache.ensure(2, 9)
+        out.append(fwd.logits(fwd.forward(ids, pos, pos, mask, cache, slot_start=0)))
+    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [2, 3, 7, 16, 33])
+def test_a_packed_rows_result_does_not_depend_on_the_other_rows_of_its_pass(hf_model, rows):
+    fwd = TreeForward(hf_model)
+    for mod in (hf_model.model.layers[0].mlp.down_proj, hf_model.model.layers[0].self_attn.q_proj, hf_model.lm_head):
+        x = torch.randn(40, mod.in_features, generator=torch.Generator().manual_seed(rows))
+        with torch.inference_mode():
+            assert torch.equal(fwd._linear(mod, x[:rows])[:2], fwd._linear(mod, x)[:2])
