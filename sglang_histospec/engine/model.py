@@ -97,6 +97,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+PACK_MIN_BYTES = 64 << 20
+"""With ``packed=None`` the linears are packed when their weights hold at least this many bytes: a model whose
+weights stream from memory at every pass (packed, few-row passes run faster), not one that stays in the CPU's
+caches (there a packed call's fixed cost of some microseconds outweighs it)."""
+
+PACK_MIN_ROWS = 3
+"""Passes of fewer rows keep ``F.linear`` (faster there even for weights streamed from memory)."""
+
+
 def _can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether oneDNN's packed linear runs here (CPU, float32, torch built with oneDNN) and matches ``F.linear``."""
     if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
@@ -122,14 +131,15 @@ class TreeForward:
         hidden = fwd.forward(ids, pos, pos, mask, cache, slot_start=0)     # [1, 3, hidden]
         logits = fwd.logits(hidden)                                        # == hf_model(ids).logits
 
-    ``packed`` (CPU float32 only): every linear of the decoder and the LM head also keeps a oneDNN-packed copy of
-    its weight, used for passes of two or more rows (a pass of one row keeps ``F.linear``, faster there). Packed,
-    a row's result does not depend on how many rows share the pass, and few-row passes (decode steps of a small
-    batch, verify trees) run faster than with ``F.linear``; the copies cost the weights' memory once more. Call
-    ``repack()`` after changing the weights in place.
+    ``packed`` (CPU float32 only; None = when the linear weights hold at least ``PACK_MIN_BYTES``): every linear of
+    the decoder and the LM head also keeps a oneDNN-packed copy of its weight, used for passes of at least
+    ``PACK_MIN_ROWS`` rows. Then a row's result does not depend on how many rows share such a pass, and few-row
+    passes (decode steps of a small batch, verify trees) of a model streamed from memory run faster than with
+    ``F.linear``; the copies cost the weights' memory once more. Call ``repack()`` after changing the weights in
+    place.
     """
 
-    def __init__(self, hf_model, packed: bool = True) -> None:
+    def __init__(self, hf_model, packed: bool | None = None) -> None:
         self.model = hf_model
         self.arch = check_architecture(hf_model.config)
         cfg = hf_model.config
@@ -139,26 +149,27 @@ class TreeForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.num_layers = cfg.num_hidden_layers
         self.has_qk_norm = hasattr(self.decoder.layers[0].self_attn, "q_norm")
+        self._linears = [self.model.lm_head]
+        for layer in self.decoder.layers:
+            a, m = layer.self_attn, layer.mlp
+            self._linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        if packed is None:
+            packed = sum(mod.weight.numel() * mod.weight.element_size() for mod in self._linears) >= PACK_MIN_BYTES
         self.packed = packed and _can_pack(self.device, self.dtype)
         self._packed: dict[torch.nn.Module, torch.Tensor] = {}  # linear module -> its packed weight
         self.repack()
 
     def repack(self) -> None:
         """Rebuild the packed weight copies from the modules' weights (a no-op when not ``packed``)."""
-        mods = [self.model.lm_head]
-        for layer in self.decoder.layers:
-            a, m = layer.self_attn, layer.mlp
-            mods += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-        with torch.no_grad():
-            self._packed = (
-                {mod: torch.ops.mkldnn._reorder_linear_weight(mod.weight) for mod in mods} if self.packed else {}
-            )
+        if self.packed:
+            with torch.no_grad():
+                self._packed = {mod: torch.ops.mkldnn._reorder_linear_weight(mod.weight) for mod in self._linears}
 
     def _linear(self, mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        """``mod(x)``, through the packed weight for two or more rows."""
+        """``mod(x)``, through the packed weight for ``PACK_MIN_ROWS`` rows or more."""
         w = self._packed.get(mod)
         rows = x.numel() // x.shape[-1]
-        if w is None or rows < 2:
+        if w is None or rows < PACK_MIN_ROWS:
             return mod(x)
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, x.shape[-1]), w, mod.bias, "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])

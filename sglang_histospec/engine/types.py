@@ -180,10 +180,11 @@ class EngineConfig:
     """Record finished (not aborted) responses of requests with a prompt_id into the drafter (siblings now,
     history after ``drafter.end_step``)."""
     trust_remote_code: bool = False
-    packed_linears: bool = True
-    """On CPU in float32: keep a oneDNN-packed copy of every linear weight for passes of two or more rows
-    (``engine/model.py`` TreeForward): faster few-row passes, a row's result independent of the pass's other rows,
-    the weights' memory once more. Ignored elsewhere."""
+    packed_linears: bool | None = None
+    """On CPU in float32: keep a oneDNN-packed copy of every linear weight for passes of a few rows or more
+    (``engine/model.py`` TreeForward): faster few-row passes of a model streamed from memory, a row's result
+    independent of the pass's other rows, the weights' memory once more; None = for models of at least
+    ``PACK_MIN_BYTES`` of linear weights. Ignored elsewhere."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_path, str) or not self.model_path:

@@ -122,8 +122,8 @@ needs_packing = pytest.mark.skipif(
 
 @needs_packing
 def test_packed_linears_give_the_logits_of_the_plain_ones(hf_model):
-    packed, plain = TreeForward(hf_model), TreeForward(hf_model, packed=False)
-    assert packed.packed and not plain.packed
+    packed, plain = TreeForward(hf_model, packed=True), TreeForward(hf_model, packed=False)
+    assert packed.packed and not plain.packed and not TreeForward(hf_model).packed  # a tiny model: not by default
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
     pos = torch.arange(9).repeat(2, 1)
     mask = torch.ones(9, 9, dtype=torch.bool).tril().repeat(2, 1, 1, 1)
@@ -136,9 +136,9 @@ def test_packed_linears_give_the_logits_of_the_plain_ones(hf_model):
 
 
 @needs_packing
-@pytest.mark.parametrize("rows", [2, 3, 7, 16, 33])
+@pytest.mark.parametrize("rows", [3, 7, 16, 33])
 def test_a_packed_rows_result_does_not_depend_on_the_other_rows_of_its_pass(hf_model, rows):
-    fwd = TreeForward(hf_model)
+    fwd = TreeForward(hf_model, packed=True)
     for mod in (hf_model.model.layers[0].mlp.down_proj, hf_model.model.layers[0].self_attn.q_proj, hf_model.lm_head):
         x = torch.randn(40, mod.in_features, generator=torch.Generator().manual_seed(rows))
         with torch.inference_mode():
