@@ -57,7 +57,11 @@ def test_rollout_config_validation(kwargs, match):
         RolloutConfig(**kwargs)
 
 
-def test_epochs_write_a_trace_and_histospec_drafts_from_history(tiny_model, tmp_path):
+def test_epochs_write_a_trace_and_histospec_drafts_from_history(tiny_model, tmp_path, monkeypatch):
+    from sglang_histospec.engine.governor import SpecGovernor
+
+    # this tests recording and drafting from history, not whether drafting pays: no explore budget in 2 short epochs
+    monkeypatch.setattr(SpecGovernor, "within_budget", lambda self, bsz=None: True)
     task = ArithTask(TINY.task)
     cfg = RolloutConfig(epochs=2, group_size=3, num_prompts=4, max_new_tokens=24, max_running_requests=8)
     trace = tmp_path / "run.jsonl.gz"
