@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+PENDING_MAX = 64
+"""Observations a StepCostModel buffers before it adds them to its sums (it adds them at each refit too): observing
+a step costs a tuple, not a few small matrix products, on the hot path of every plain step."""
+
 
 @dataclass(slots=True)
 class StepCostConfig:
@@ -68,6 +72,7 @@ class StepCostModel:
         self._fitted = False  # refitted at least once since ready
         self._coef = np.zeros(4)
         self._stale = False
+        self._pending: list[tuple[float, ...]] = []  # observations not yet in the sums (``_fold``)
 
     @property
     def ready(self) -> bool:
@@ -88,21 +93,38 @@ class StepCostModel:
             raise ValueError(f"seconds={seconds!r}: expected a float >= 0")
         if not weight > 0.0:
             raise ValueError(f"weight={weight!r}: expected a float > 0")
-        x = np.array([1.0, float(batch), float(rows - batch), float(prefill)])
-        k = int(seeded)
-        if not seeded:
-            self._xx *= self.cfg.decay
-            self._xy *= self.cfg.decay
-            self._xx[1] *= self.cfg.seed_decay
-            self._xy[1] *= self.cfg.seed_decay
-        self._xx[k] += weight * np.outer(x, x)
-        self._xy[k] += weight * x * seconds
+        self._pending.append((float(batch), float(rows - batch), float(prefill), seconds, weight, float(seeded)))
         self._n += weight
         self._since_fit += 1
-        self._stale = self._stale or self._since_fit >= self.cfg.refit_every or not self._fitted
+        # refits come every refit_every steps, more often while few steps are in (after 1, 2, 4, ... of them)
+        self._stale = (
+            self._stale or self._since_fit >= min(self.cfg.refit_every, self._n - self._since_fit) or not self._fitted
+        )
+        if len(self._pending) >= PENDING_MAX:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Add the pending observations to the decayed sums at once, as ``observe`` one by one would: a real step
+        first decays every earlier one by ``decay`` (a seeded one by ``decay * seed_decay`` as well)."""
+        if not self._pending:
+            return
+        p = np.array(self._pending)  # [m, 6]: batch, extra rows, prefill, seconds, weight, seeded
+        self._pending.clear()
+        x = np.column_stack((np.ones(len(p)), p[:, :3]))  # [m, 4]
+        real = p[:, 5] == 0.0
+        later = (np.cumsum(real[::-1])[::-1] - real).astype(np.float64)  # real steps observed after each one
+        d, ds = self.cfg.decay, self.cfg.decay * self.cfg.seed_decay
+        n_real = float(real.sum())
+        for k, (rate, mine) in enumerate(((d, real), (ds, ~real))):
+            self._xx[k] *= rate**n_real
+            self._xy[k] *= rate**n_real
+            w = np.where(mine, p[:, 4] * rate**later, 0.0)  # [m]
+            self._xx[k] += (x * w[:, None]).T @ x
+            self._xy[k] += (x * w[:, None]).T @ p[:, 3]
 
     def _fit(self) -> np.ndarray:
         if self._stale and self._n >= self.cfg.min_steps:
+            self._fold()
             # a tiny ridge keeps the 4x4 system solvable when the batch, the extra rows or the prefills never
             # varied; steps without extra rows leave c at 0 (nothing is cut until drafts were measured)
             xx, xy = self._xx.sum(axis=0), self._xy.sum(axis=0)

@@ -20,6 +20,9 @@ from sglang_histospec.drafting.draft_cut import StepCostConfig, StepCostModel
 PROBE_ROOM_MAX = 4.0
 """Most plain steps of room the explore budget asks for before a probe of drafting (its measured excess, capped)."""
 
+PLAIN_REFIT = 32
+"""Plain steps between two refits of the governor's fit of plain step times (each refit is a 4x4 solve)."""
+
 TRUST_MARGIN = 0.01
 """Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
 probe of drafting that wins (a capped, small tree) restores it, while a probe that loses pushes it further down."""
@@ -133,7 +136,9 @@ class SpecGovernor:
         self.cfg = config or GovernorConfig()
         self._buckets: dict[int, _Bucket] = {}
         self.stats = {"governed_plain_steps": 0, "probes": 0, "budget_plain_steps": 0}
-        self._plain = StepCostModel(StepCostConfig(min_steps=max(3, self.cfg.min_samples)))  # plain s = a + b * bsz
+        # plain s = a + b * bsz, refitted every PLAIN_REFIT steps: its coefficients drift slowly, and plain steps must
+        # cost no more host time than the plain engine's
+        self._plain = StepCostModel(StepCostConfig(min_steps=max(3, self.cfg.min_samples), refit_every=PLAIN_REFIT))
         self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
         self._decode_s = 0.0  # seconds of every decode step since the history step
         self._probe_excess = min(self.cfg.probe_cost, 1.0)  # the last measured probe excess (any bucket), plain steps
@@ -143,7 +148,7 @@ class SpecGovernor:
         if not self.within_budget(bsz):
             self.stats["budget_plain_steps"] += 1
             return False
-        b = self._buckets.setdefault(_bucket(bsz), _Bucket())
+        b = self._bucket_of(bsz)
         n = self.cfg.min_samples
         if b.count[1] < n:
             return True
@@ -219,7 +224,7 @@ class SpecGovernor:
             return
         wall = seconds if wall_s is None else wall_s
         self._decode_s += wall
-        b = self._buckets.setdefault(_bucket(bsz), _Bucket())
+        b = self._bucket_of(bsz)
         if not drafted:
             self._plain.observe(bsz, bsz, wall, prefill=prefill)
         elif self._plain.ready:  # what the step would have cost plainly: tokens / bsz plain steps and the prefill
@@ -251,6 +256,14 @@ class SpecGovernor:
         b.last[mode] = b.steps
         if drafted:
             b.probing = False
+
+    def _bucket_of(self, bsz: int) -> _Bucket:
+        """The bucket of ``bsz``, created when new (without building a spare one each call: this runs every step)."""
+        key = _bucket(bsz)
+        b = self._buckets.get(key)
+        if b is None:
+            b = self._buckets[key] = _Bucket()
+        return b
 
     def plain_rate(self, bsz: int) -> float | None:
         """Measured tokens/s of plain steps in the bucket of ``bsz`` (None before the first)."""

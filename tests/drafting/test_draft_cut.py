@@ -155,3 +155,45 @@ def test_seeded_steps_fade_as_real_steps_come_in():
         extra = (0, 8, 24)[i % 3]
         model.observe(16, 16 + extra, 0.18 + 0.005 * extra)
     assert model.ready and model.row_cost() == pytest.approx(0.005, rel=0.1)
+
+
+def _reference_sums(cfg: StepCostConfig, steps) -> tuple[np.ndarray, np.ndarray]:
+    """Reference: the decayed sums updated step by step, as the model's docstring states them."""
+    xx, xy = np.zeros((2, 4, 4)), np.zeros((2, 4))
+    for batch, extra, prefill, seconds, weight, seeded in steps:
+        x = np.array([1.0, batch, extra, prefill])
+        if not seeded:
+            xx *= cfg.decay
+            xy *= cfg.decay
+            xx[1] *= cfg.seed_decay
+            xy[1] *= cfg.seed_decay
+        xx[int(seeded)] += weight * np.outer(x, x)
+        xy[int(seeded)] += weight * x * seconds
+    return xx, xy
+
+
+_STEP = st.tuples(
+    st.integers(1, 64),
+    st.integers(0, 300),
+    st.integers(0, 400),
+    st.floats(0.0, 0.1),
+    st.floats(0.05, 4.0),
+    st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(_STEP, max_size=150), refit_every=st.integers(1, 12))
+def test_buffered_sums_match_step_by_step_reference(steps, refit_every):
+    """The model buffers observations and adds them at a refit (or every PENDING_MAX): the sums it solves are the
+    step-by-step reference's, whatever the mix of real and seeded steps and refits in between."""
+    cfg = StepCostConfig(refit_every=refit_every, min_steps=3)
+    model = StepCostModel(cfg)
+    for i, (batch, extra, prefill, seconds, weight, seeded) in enumerate(steps):
+        model.observe(batch, batch + extra, seconds, weight=weight, seeded=seeded, prefill=prefill)
+        if i % 5 == 0:
+            model.base_cost(batch)  # a refit now and then folds the buffer
+    model._fold()
+    xx, xy = _reference_sums(cfg, steps)
+    np.testing.assert_allclose(model._xx, xx, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(model._xy, xy, rtol=1e-9, atol=1e-12)
