@@ -59,7 +59,7 @@ class GovernorConfig:
     only)."""
     scale_prior: float = 4.0
     """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
-    explore_budget: float = 0.02
+    explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
     they emitted (by a fit of this engine's own plain steps, which come first); past it, every step decodes plainly

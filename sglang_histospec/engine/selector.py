@@ -192,7 +192,7 @@ class DraftSelector:
         if not ask:
             return Selection(TreeBatch.build([None] * len(running), roots), None, _NO_NODES, False)
         limits = [budgets[i] for i in ask]
-        tell_drafter(self.drafter, running)  # what every request emitted since the drafter last heard
+        tell_drafter(self.drafter, [running[i] for i in ask])  # what they emitted since the drafter last heard
         flat = FlatDrafts.of(self.drafter.draft_batch([running[i].req.rid for i in ask], limits), limits)
         keep, probs = self._cut_keep(flat, len(running), prefill)
         nodes, owner, parents = _tree_nodes(flat, pack_flat(flat, keep, self.vocab_size), ask)

@@ -114,7 +114,7 @@ def test_drafting_is_trusted_only_once_measured_to_win():
 def test_trusted_drafting_that_stops_paying_loses_the_trust_within_a_few_steps(trusted_weight, first_plain):
     """Drafting won (2x); then it runs at 0.7x plain: each trusted drafting step is re-checked against the plain
     mean, so the governor falls back to plain decoding before its next plain probe (every 16 steps)."""
-    g = SpecGovernor(GovernorConfig(trusted_weight=trusted_weight))
+    g = SpecGovernor(GovernorConfig(trusted_weight=trusted_weight, explore_budget=math.inf))  # the buckets' rules
     run(g, 200, 8, spec_rate=200.0, plain_rate=100.0)
     assert g.trusts_spec(8)
     losing = run(g, 40, 8, spec_rate=70.0, plain_rate=100.0)
@@ -165,7 +165,7 @@ def test_the_explore_budget_starts_again_at_each_history_step():
     g.forget_drafting()  # a new history step: a fresh window, drafting as soon as plain time makes room for a probe
     assert g.within_budget() and not g.within_budget(4)
     # that probe cost 249 plain steps more than plain decoding: the next waits for room for PROBE_ROOM_MAX of them
-    assert waits_for_a_probe(g, 4, 0.04) == round(PROBE_ROOM_MAX / 0.02)
+    assert waits_for_a_probe(g, 4, 0.04) == round(PROBE_ROOM_MAX / g.cfg.explore_budget)
 
 
 def waits_for_a_probe(g: SpecGovernor, bsz: int, plain_s: float) -> int:
@@ -180,13 +180,15 @@ def waits_for_a_probe(g: SpecGovernor, bsz: int, plain_s: float) -> int:
 def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
     """The room a probe of drafting waits for is the excess its bucket's drafting steps were measured to cost before
     they won (host work included), in plain steps; a bucket without a measurement takes the last one measured."""
-    g = SpecGovernor()
+    g = SpecGovernor(GovernorConfig(explore_budget=0.02))
     assert waits_for_a_probe(g, 4, 0.04) == 13  # first: probe_cost (0.25) plain steps; 0.02 x 13 x 0.04 s >= 0.01 s
     g.observe(4, True, tokens=4, seconds=0.04 * 3)  # the probe took three plain steps' time: two more
     g.forget_drafting()
     assert waits_for_a_probe(g, 4, 0.04) in (100, 101)  # room for 2 plain steps at 0.02 of the decode time
     g.forget_drafting()
     assert waits_for_a_probe(g, 16, 0.04) in (100, 101)  # a new bucket: the last measured excess
+    default = SpecGovernor()
+    assert waits_for_a_probe(default, 4, 0.04) == math.ceil(0.25 / default.cfg.explore_budget)
 
 
 def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():

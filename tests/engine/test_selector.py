@@ -223,3 +223,21 @@ def test_new_history_step_ends_a_pause():
     assert sel.step_budgets(running) == [0]
     drafter.open_step = 1  # the drafter moved on: whether drafting pays is measured anew
     assert sel.step_budgets(running) == [4]
+
+
+def test_a_drafting_step_tells_the_drafter_only_about_the_requests_it_drafts_for():
+    """The drafter hears a request's new tokens when a step drafts for it: a step that drafts for one request of a
+    batch pays for that one's tokens, not for what every request emitted since the last drafting step."""
+    drafter = ScriptedDrafter({"p0": [7, 8, 9]})
+    heard = []
+    drafter.extend = lambda rid, toks: heard.append((rid, list(toks)))
+    sel = _selector(drafter, FixedBudgets(4), draft_selection="all")
+    running = _running(3, max_new=8)
+    for st in running:
+        drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+        st.output = [9] * 3
+    running[1].output = [9] * 7  # no token left to draft for: budget 0
+    running[2].output = [9] * 7
+    sel.select(running, prefill=0, started=time.perf_counter())
+    assert heard == [("r0", [9, 9, 9])]
+    assert [st.told for st in running] == [3, 0, 0]  # the others are told when they next draft (or finish)
