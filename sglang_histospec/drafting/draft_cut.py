@@ -37,7 +37,8 @@ class StepCostConfig:
     dummy passes lack the host work of a real verify step (tree masks, sampling, commits), so real steps replace
     them within a few tens of drafting steps."""
     refit_every: int = 8
-    """Steps between refits of the coefficients (a refit is a 4x4 solve; the sums are updated every step)."""
+    """Steps between refits of the coefficients (a refit adds the buffered steps to the sums and solves a 4x4 system;
+    early on refits come after 1, 2, 4, ... steps)."""
     pause_steps: int = 64
     """Longest pause: after a step whose best cut was expected to be slower than plain decoding, an engine decodes
     1 step without any drafting work, then drafts once to re-measure; each further such step doubles the pause up
