@@ -70,6 +70,7 @@ class StepCostModel:
         self._xy = np.zeros((2, 4))  # decayed sums of x * seconds: [real, seeded]
         self._n = 0.0  # observed and seeded steps (weighted, not decayed): ready once >= min_steps
         self._since_fit = 0  # observations since the last refit
+        self._steps = 0  # observations (not weighted): the early refit schedule counts them
         self._fitted = False  # refitted at least once since ready
         self._coef = np.zeros(4)
         self._stale = False
@@ -96,11 +97,11 @@ class StepCostModel:
             raise ValueError(f"weight={weight!r}: expected a float > 0")
         self._pending.append((float(batch), float(rows - batch), float(prefill), seconds, weight, float(seeded)))
         self._n += weight
+        self._steps += 1
         self._since_fit += 1
         # refits come every refit_every steps, more often while few steps are in (after 1, 2, 4, ... of them)
-        self._stale = (
-            self._stale or self._since_fit >= min(self.cfg.refit_every, self._n - self._since_fit) or not self._fitted
-        )
+        fitted_at = self._steps - self._since_fit
+        self._stale = self._stale or self._since_fit >= min(self.cfg.refit_every, fitted_at) or not self._fitted
         if len(self._pending) >= PENDING_MAX:
             self._fold()
 

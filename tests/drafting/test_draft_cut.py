@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -197,3 +199,19 @@ def test_buffered_sums_match_step_by_step_reference(steps, refit_every):
     xx, xy = _reference_sums(cfg, steps)
     np.testing.assert_allclose(model._xx, xx, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(model._xy, xy, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.25, 3.0])
+def test_refits_come_after_1_2_4_steps_then_every_refit_every_whatever_the_weights(weight):
+    """The early refit schedule counts observations, not their weights."""
+    model = StepCostModel(StepCostConfig(min_steps=3, refit_every=8))
+    fits = []
+    for step in range(1, 41):
+        model.observe(4, 4 + step % 3, 0.01 + 0.001 * (step % 3), weight=weight)
+        stale = model._stale and model.ready
+        model.base_cost(4)
+        if stale:
+            fits.append(step)
+    assert fits[0] == math.ceil(3 / weight)  # ready: min_steps of weight
+    # then each refit comes after as many steps as were in at the last one, at most refit_every
+    assert all(b - a == min(8, a) for a, b in zip(fits, fits[1:])) and fits[-1] > 40 - 8
