@@ -141,6 +141,13 @@ class StepCostModel:
             self._stale, self._since_fit, self._fitted = False, 0, True
         return self._coef
 
+    def steps_to_refit(self) -> int:
+        """Observations after which the next ``base_cost``/``row_cost``/``prefill_cost`` refits (0: the next one does;
+        until then they return what they return now)."""
+        if not self._fitted or self._stale:
+            return 0
+        return max(0, min(self.cfg.refit_every, self._steps - self._since_fit) - self._since_fit)
+
     def base_cost(self, batch: int) -> float:
         """Fitted ``a + b * batch`` (seconds of a step without extra rows), > 0."""
         a, b = self._fit()[:2]

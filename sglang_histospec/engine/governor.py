@@ -23,6 +23,9 @@ PROBE_ROOM_MAX = 4.0
 PLAIN_REFIT = 32
 """Plain steps between two refits of the governor's fit of plain step times (each refit is a 4x4 solve)."""
 
+PLAIN_QUEUE_MAX = 64
+"""Plain steps ``observe`` queues before it folds them in (they are folded at every decision that reads them too)."""
+
 TRUST_MARGIN = 0.01
 """Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
 probe of drafting that wins (a capped, small tree) restores it, while a probe that loses pushes it further down."""
@@ -142,13 +145,24 @@ class SpecGovernor:
         self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
         self._decode_s = 0.0  # seconds of every decode step since the history step
         self._probe_excess = min(self.cfg.probe_cost, 1.0)  # the last measured probe excess (any bucket), plain steps
+        # a plain step costs the governor what it costs a plain engine, about nothing: its observation is queued
+        # (``_flush`` folds them in, in order, before anything reads the state) and, while the budget is known to be
+        # short, ``use_spec`` counts down instead of checking (``_skip`` steps left in bucket ``_skip_bucket``)
+        self._queue: list[tuple[int, int, float, int, float]] = []
+        self._skip, self._skip_bucket = 0, 0
+        self._wall_hi = 0.0  # the longest step seen: what a plain step adds to the room, at most, in a countdown
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
-        if not self.within_budget(bsz):
+        if self._skip > 0 and bsz.bit_length() == self._skip_bucket:  # the budget is short for some steps yet
+            self._skip -= 1
             self.stats["budget_plain_steps"] += 1
             return False
-        b = self._bucket_of(bsz)
+        if not self.within_budget(bsz):
+            self._skip, self._skip_bucket = self._steps_short(bsz), _bucket(bsz)
+            self.stats["budget_plain_steps"] += 1
+            return False
+        b = self._bucket_of(bsz)  # (within_budget folded the queued steps in)
         n = self.cfg.min_samples
         if b.count[1] < n:
             return True
@@ -182,21 +196,42 @@ class SpecGovernor:
         (decayed; host work included, which the probe's row cap does not bound), at most ``PROBE_ROOM_MAX`` plain
         steps; before any measurement the last one of another bucket, at first ``probe_cost`` plain steps (at most
         one)."""
+        return self._room(bsz) >= 0.0
+
+    def _room(self, bsz: int | None) -> float:
+        """Seconds of drafting excess the budget allows now (``within_budget``'s rule; < 0: none, -inf before the
+        plain fit is ready)."""
+        self._flush()
         if math.isinf(self.cfg.explore_budget):
-            return True
+            return math.inf
         if not self._plain.ready:
-            return False
+            return -math.inf
         room = self.cfg.explore_budget * self._decode_s - self._excess
         if bsz is not None:
             b = self._buckets.get(_bucket(bsz))
             if b is None or not b.won:  # a bucket where drafting never won: room for a probe
                 probe = self._probe_excess if b is None or b.probe_excess is None else b.probe_excess
                 room -= min(probe, PROBE_ROOM_MAX) * self._plain.base_cost(bsz)
-        return room >= 0.0
+        return room
+
+    def _steps_short(self, bsz: int) -> int:
+        """Plain steps of ``bsz``'s bucket that certainly leave the budget short: each adds at most ``explore_budget``
+        x the longest step seen to the room (a longer one ends the countdown), and the bucket's
+        smallest batch needs the least room. So the countdown decides as ``within_budget`` would, for less."""
+        short = -self._room(1 << (bsz.bit_length() - 1))
+        grow = self.cfg.explore_budget * self._wall_hi
+        if not (grow > 0.0 and math.isfinite(short)):
+            return 0
+        steps = int(short / grow)
+        b = self._buckets.get(_bucket(bsz))
+        if b is None or not b.won:  # the plain fit prices the room a probe waits for: fixed until its next refit
+            steps = min(steps, self._plain.steps_to_refit())
+        return max(0, steps - 1)
 
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
         drafting step that is not trusted is a probe, whose draft rows the selector caps (``probe_cost``)."""
+        self._flush()
         b = self._buckets.get(_bucket(bsz))
         return b is not None and b.log_ratio is not None and b.spec_wins()
 
@@ -204,8 +239,10 @@ class SpecGovernor:
         """Let drafting be measured again at once in every bucket (call when the history changed: a new step's
         drafts may pay where the last step's did not). One fresh drafting step per bucket, weighed as much as the
         old mean, decides, so a drafter that still does not pay costs one step, not ``min_samples``."""
+        self._flush()
         n = self.cfg.min_samples
         self._excess, self._decode_s = 0.0, 0.0
+        self._skip = 0
         for b in self._buckets.values():
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
@@ -223,7 +260,27 @@ class SpecGovernor:
         if seconds <= 0.0 or bsz < 1:
             return
         wall = seconds if wall_s is None else wall_s
+        if not drafted:  # folded in before anything reads the state: a plain step costs next to nothing here
+            self._queue.append((bsz, tokens, seconds, prefill, wall))
+            if wall > self._wall_hi:  # more room than the countdown assumed: check at the next step
+                self._skip = 0
+            if len(self._queue) >= PLAIN_QUEUE_MAX:
+                self._flush()
+            return
+        self._flush()
+        self._observe(bsz, True, tokens, seconds, prefill, wall)
+
+    def _flush(self) -> None:
+        """Fold the queued plain steps in, in order."""
+        if self._queue:
+            queue, self._queue = self._queue, []
+            for bsz, tokens, seconds, prefill, wall in queue:
+                self._observe(bsz, False, tokens, seconds, prefill, wall)
+
+    def _observe(self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int, wall: float) -> None:
+        """``observe`` of one step, now."""
         self._decode_s += wall
+        self._wall_hi = max(self._wall_hi, wall)
         b = self._bucket_of(bsz)
         if not drafted:
             self._plain.observe(bsz, bsz, wall, prefill=prefill)
@@ -267,9 +324,11 @@ class SpecGovernor:
 
     def plain_rate(self, bsz: int) -> float | None:
         """Measured tokens/s of plain steps in the bucket of ``bsz`` (None before the first)."""
+        self._flush()
         b = self._buckets.get(_bucket(bsz))
         return b.rate[0] if b is not None and b.count[0] > 0 else None
 
     def rates(self) -> dict[int, tuple[float, float]]:
         """``{bucket: (plain tokens/s, drafting tokens/s)}`` as measured so far."""
+        self._flush()
         return {k: (b.rate[0], b.rate[1]) for k, b in sorted(self._buckets.items())}

@@ -256,7 +256,8 @@ class DraftSelector:
         if not self.speculate:
             return
         seconds = time.perf_counter() - started
-        decode_s = max(seconds - self.step_cost.prefill_cost() * prefill, 1e-6)  # less the modelled prefill cost
+        prefill_s = self.step_cost.prefill_cost() * prefill if prefill else 0.0  # modelled (no refit when none)
+        decode_s = max(seconds - prefill_s, 1e-6)
         if len(sel.nodes):  # what was accepted calibrates the drafted probabilities
             accepted = self._learn(sel, walks)
             if sel.predicted > 0.0 and self.governor is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_histospec.engine.governor import PROBE_ROOM_MAX, GovernorConfig, SpecGovernor
 
@@ -194,3 +196,52 @@ def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
 def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
     assert SpecGovernor(GovernorConfig(explore_budget=math.inf)).use_spec(4)
     assert not SpecGovernor().use_spec(4)  # the default measures plain steps first
+
+
+class EagerGovernor(SpecGovernor):
+    """The reference: checks the budget at every step (no countdown over steps it knows to be short)."""
+
+    def _steps_short(self, bsz: int) -> int:
+        return 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([1, 3, 4, 6, 16, 17, 64]),  # batch size
+            st.floats(0.2, 3.0),  # a drafting step's time over a plain one's
+            st.floats(0.8, 1.6),  # this step's jitter
+            st.booleans(),  # a new history step before it (rarely: filtered below)
+        ),
+        min_size=1,
+        max_size=400,
+    ),
+    st.sampled_from([0.0, 0.01, 0.05]),
+)
+def test_counting_down_short_budget_steps_decides_as_checking_every_step(steps, budget):
+    """The countdown over steps the budget is known to be short for, and the queue of plain observations, change
+    no decision and no measurement: the same steps give the same decisions, stats and rates as the reference."""
+    fast, eager = (cls(GovernorConfig(explore_budget=budget)) for cls in (SpecGovernor, EagerGovernor))
+    for k, (bsz, slowdown, jitter, new_history) in enumerate(steps):
+        if new_history and k % 7 == 0:
+            fast.forget_drafting(), eager.forget_drafting()
+        spec = fast.use_spec(bsz)
+        assert spec == eager.use_spec(bsz), k
+        seconds = (0.002 + 1e-4 * bsz) * jitter * (slowdown if spec else 1.0)
+        for g in (fast, eager):
+            g.observe(bsz, spec, tokens=bsz, seconds=seconds)
+    assert fast.stats == eager.stats and fast.rates() == eager.rates()
+    assert fast.within_budget() == eager.within_budget()
+
+
+def test_a_stretch_of_short_budget_steps_checks_the_budget_rarely(monkeypatch):
+    """Where drafting does not pay, a plain step must cost what a plain engine's does: the governor counts down over
+    steps it knows the budget to be short for instead of checking each."""
+    g = SpecGovernor()
+    checks = []
+    room = g._room
+    monkeypatch.setattr(g, "_room", lambda bsz: checks.append(bsz) or room(bsz))
+    used = run(g, 1000, 64, spec_rate=64 / 0.009, plain_rate=64 / 0.003)
+    assert 0 < sum(used) < 20 and g.stats["budget_plain_steps"] > 900
+    assert len(checks) < 1000 / 4
