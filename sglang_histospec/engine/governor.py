@@ -26,6 +26,11 @@ PLAIN_REFIT = 32
 PLAIN_QUEUE_MAX = 64
 """Plain steps ``observe`` queues before it folds them in (they are folded at every decision that reads them too)."""
 
+PROBE_HOST_S = 50e-6
+"""Host seconds per request a probe of drafting is expected to cost before one was measured (asking the drafter,
+laying out and verifying a tree), on top of its capped rows: the excess the first probe waits for room for is
+``probe_cost`` plain steps plus that, which matters where a step is short (a small model, a large batch)."""
+
 TRUST_MARGIN = 0.01
 """Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
 probe of drafting that wins (a capped, small tree) restores it, while a probe that loses pushes it further down."""
@@ -144,7 +149,7 @@ class SpecGovernor:
         self._plain = StepCostModel(StepCostConfig(min_steps=max(3, self.cfg.min_samples), refit_every=PLAIN_REFIT))
         self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
         self._decode_s = 0.0  # seconds of every decode step since the history step
-        self._probe_excess = min(self.cfg.probe_cost, 1.0)  # the last measured probe excess (any bucket), plain steps
+        self._probe_excess: float | None = None  # the last measured probe excess (any bucket), in plain steps
         # a plain step costs the governor what it costs a plain engine, about nothing: its observation is queued
         # (``_flush`` folds them in, in order, before anything reads the state) and, while the budget is known to be
         # short, ``use_spec`` counts down instead of checking (``_skip`` steps left in bucket ``_skip_bucket``)
@@ -195,7 +200,7 @@ class SpecGovernor:
         for a probe: the excess over the plain fit that its drafting steps were measured to cost before they won
         (decayed; host work included, which the probe's row cap does not bound), at most ``PROBE_ROOM_MAX`` plain
         steps; before any measurement the last one of another bucket, at first ``probe_cost`` plain steps (at most
-        one)."""
+        one) plus ``PROBE_HOST_S`` per request."""
         return self._room(bsz) >= 0.0
 
     def _room(self, bsz: int | None) -> float:
@@ -211,7 +216,10 @@ class SpecGovernor:
             b = self._buckets.get(_bucket(bsz))
             if b is None or not b.won:  # a bucket where drafting never won: room for a probe
                 probe = self._probe_excess if b is None or b.probe_excess is None else b.probe_excess
-                room -= min(probe, PROBE_ROOM_MAX) * self._plain.base_cost(bsz)
+                step = self._plain.base_cost(bsz)
+                if probe is None:  # nothing measured yet: the capped rows and the expected host work
+                    probe = min(self.cfg.probe_cost, 1.0) + bsz * PROBE_HOST_S / step
+                room -= min(probe, PROBE_ROOM_MAX) * step
         return room
 
     def _steps_short(self, bsz: int) -> int:

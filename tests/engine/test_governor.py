@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.engine.governor import PROBE_ROOM_MAX, GovernorConfig, SpecGovernor
+from sglang_histospec.engine.governor import PROBE_HOST_S, PROBE_ROOM_MAX, GovernorConfig, SpecGovernor
 
 UNBUDGETED = GovernorConfig(explore_budget=math.inf)
 """For tests of the buckets' rules apart from the explore budget (tested below)."""
@@ -183,14 +183,16 @@ def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
     """The room a probe of drafting waits for is the excess its bucket's drafting steps were measured to cost before
     they won (host work included), in plain steps; a bucket without a measurement takes the last one measured."""
     g = SpecGovernor(GovernorConfig(explore_budget=0.02))
-    assert waits_for_a_probe(g, 4, 0.04) == 13  # first: probe_cost (0.25) plain steps; 0.02 x 13 x 0.04 s >= 0.01 s
+    assert waits_for_a_probe(g, 4, 0.04) == 13  # first: probe_cost (0.25) plain steps and host work; 0.02 x 13 x 0.04 s >= 0.0102 s
     g.observe(4, True, tokens=4, seconds=0.04 * 3)  # the probe took three plain steps' time: two more
     g.forget_drafting()
     assert waits_for_a_probe(g, 4, 0.04) in (100, 101)  # room for 2 plain steps at 0.02 of the decode time
     g.forget_drafting()
     assert waits_for_a_probe(g, 16, 0.04) in (100, 101)  # a new bucket: the last measured excess
     default = SpecGovernor()
-    assert waits_for_a_probe(default, 4, 0.04) == math.ceil(0.25 / default.cfg.explore_budget)
+    first = 0.25 + 4 * PROBE_HOST_S / 0.04  # the capped rows and the expected host work, in plain steps
+    assert waits_for_a_probe(default, 4, 0.04) == math.ceil(first / default.cfg.explore_budget)
+    assert waits_for_a_probe(SpecGovernor(), 64, 0.004) == math.ceil((0.25 + 64 * PROBE_HOST_S / 0.004) / 0.01)
 
 
 def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
