@@ -183,7 +183,9 @@ def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
     """The room a probe of drafting waits for is the excess its bucket's drafting steps were measured to cost before
     they won (host work included), in plain steps; a bucket without a measurement takes the last one measured."""
     g = SpecGovernor(GovernorConfig(explore_budget=0.02))
-    assert waits_for_a_probe(g, 4, 0.04) == 13  # first: probe_cost (0.25) plain steps and host work; 0.02 x 13 x 0.04 s >= 0.0102 s
+    assert (
+        waits_for_a_probe(g, 4, 0.04) == 13
+    )  # first: probe_cost (0.25) plain steps and host work; 0.02 x 13 x 0.04 s >= 0.0102 s
     g.observe(4, True, tokens=4, seconds=0.04 * 3)  # the probe took three plain steps' time: two more
     g.forget_drafting()
     assert waits_for_a_probe(g, 4, 0.04) in (100, 101)  # room for 2 plain steps at 0.02 of the decode time
