@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 
@@ -20,8 +21,11 @@ from sglang_histospec.drafting.draft_cut import StepCostConfig, StepCostModel
 PROBE_ROOM_MAX = 4.0
 """Most plain steps of room the explore budget asks for before a probe of drafting (its measured excess, capped)."""
 
-PLAIN_REFIT = 32
+PLAIN_REFIT = 128
 """Plain steps between two refits of the governor's fit of plain step times (each refit is a 4x4 solve)."""
+
+WALL_WINDOW = 64
+"""Plain steps whose longest wall time bounds each step of a countdown (``SpecGovernor._steps_plain``)."""
 
 PLAIN_QUEUE_MAX = 64
 """Plain steps ``observe`` queues before it folds them in (they are folded at every decision that reads them too)."""
@@ -152,19 +156,26 @@ class SpecGovernor:
         self._probe_excess: float | None = None  # the last measured probe excess (any bucket), in plain steps
         # a plain step costs the governor what it costs a plain engine, about nothing: its observation is queued
         # (``_flush`` folds them in, in order, before anything reads the state) and, while the budget is known to be
-        # short, ``use_spec`` counts down instead of checking (``_skip`` steps left in bucket ``_skip_bucket``)
+        # short, or the bucket's rules decode plainly until the next probe, ``use_spec`` counts down instead of
+        # deciding again (``_skip`` steps left in bucket ``_skip_bucket``; ``_skip_rules``: that bucket, by its rules)
         self._queue: list[tuple[int, int, float, int, float]] = []
         self._skip, self._skip_bucket = 0, 0
-        self._wall_hi = 0.0  # the longest step seen: what a plain step adds to the room, at most, in a countdown
+        self._skip_rules: _Bucket | None = None
+        self._walls: collections.deque[float] = collections.deque(maxlen=WALL_WINDOW)  # the last plain steps' walls
+        self._wall_hi = 0.0  # the longest of them: a countdown's bound on each step's wall time
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
-        if self._skip > 0 and bsz.bit_length() == self._skip_bucket:  # the budget is short for some steps yet
+        if self._skip > 0 and bsz.bit_length() == self._skip_bucket:  # decided already (``_countdown``)
             self._skip -= 1
-            self.stats["budget_plain_steps"] += 1
+            if self._skip_rules is None:
+                self.stats["budget_plain_steps"] += 1
+            else:
+                self._skip_rules.since_probe += 1
+                self.stats["governed_plain_steps"] += 1
             return False
         if not self.within_budget(bsz):
-            self._skip, self._skip_bucket = self._steps_short(bsz), _bucket(bsz)
+            self._countdown(bsz, None)
             self.stats["budget_plain_steps"] += 1
             return False
         b = self._bucket_of(bsz)  # (within_budget folded the queued steps in)
@@ -192,6 +203,8 @@ class SpecGovernor:
         use = spec_wins != probe
         b.probing = use and not spec_wins
         self.stats["governed_plain_steps"] += not use
+        if not (use or spec_wins):  # plain by the bucket's rules until its next probe
+            self._countdown(bsz, b)
         return use
 
     def within_budget(self, bsz: int | None = None) -> bool:
@@ -222,19 +235,30 @@ class SpecGovernor:
                 room -= min(probe, PROBE_ROOM_MAX) * step
         return room
 
-    def _steps_short(self, bsz: int) -> int:
-        """Plain steps of ``bsz``'s bucket that certainly leave the budget short: each adds at most ``explore_budget``
-        x the longest step seen to the room (a longer one ends the countdown), and the bucket's
-        smallest batch needs the least room. So the countdown decides as ``within_budget`` would, for less."""
-        short = -self._room(1 << (bsz.bit_length() - 1))
-        grow = self.cfg.explore_budget * self._wall_hi
-        if not (grow > 0.0 and math.isfinite(short)):
-            return 0
-        steps = int(short / grow)
-        b = self._buckets.get(_bucket(bsz))
-        if b is None or not b.won:  # the plain fit prices the room a probe waits for: fixed until its next refit
-            steps = min(steps, self._plain.steps_to_refit())
-        return max(0, steps - 1)
+    def _countdown(self, bsz: int, rules: _Bucket | None) -> None:
+        """After a plain decision for ``bsz`` (by the budget, or by the rules of bucket ``rules``), the steps of the
+        same bucket that ``use_spec`` may decide alike without deciding again: as many as certainly give the same
+        decision (``_steps_plain``)."""
+        self._skip, self._skip_bucket, self._skip_rules = self._steps_plain(bsz, rules), _bucket(bsz), rules
+
+    def _steps_plain(self, bsz: int, rules: _Bucket | None) -> int:
+        """How many next steps of ``bsz``'s bucket certainly decode plainly as this one did, if they are plain: each
+        adds to the room at most ``explore_budget`` x the longest of the last ``WALL_WINDOW`` plain steps (a longer
+        one ends the countdown) and at least nothing, the bucket's smallest batch needs the least room for a probe and its largest the most, and
+        the plain fit that prices that room is fixed until its next refit. By the budget: while the room stays
+        short; by the rules: until the next probe, while the room stays."""
+        b = rules if rules is not None else self._buckets.get(_bucket(bsz))
+        refit = self._plain.steps_to_refit() if b is None or not b.won else math.inf
+        if rules is None:
+            short = -self._room(1 << (bsz.bit_length() - 1))
+            grow = self.cfg.explore_budget * self._wall_hi
+            steps = int(short / grow) - 1 if grow > 0.0 and math.isfinite(short) else 0  # (a step's margin)
+        else:
+            steps = rules.interval - rules.since_probe - 1
+            if steps > 0 and self._room((1 << bsz.bit_length()) - 1) < 0.0:
+                steps = 0
+            refit = math.inf if math.isinf(self.cfg.explore_budget) else refit
+        return max(0, int(min(steps, refit - 1)))
 
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
@@ -276,6 +300,7 @@ class SpecGovernor:
                 self._flush()
             return
         self._flush()
+        self._skip = 0  # the room changed: decide again
         self._observe(bsz, True, tokens, seconds, prefill, wall)
 
     def _flush(self) -> None:
@@ -284,11 +309,12 @@ class SpecGovernor:
             queue, self._queue = self._queue, []
             for bsz, tokens, seconds, prefill, wall in queue:
                 self._observe(bsz, False, tokens, seconds, prefill, wall)
+            self._walls.extend(q[4] for q in queue)
+            self._wall_hi = max(self._walls)  # the recent steps: a longer one ends the next countdown
 
     def _observe(self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int, wall: float) -> None:
         """``observe`` of one step, now."""
         self._decode_s += wall
-        self._wall_hi = max(self._wall_hi, wall)
         b = self._bucket_of(bsz)
         if not drafted:
             self._plain.observe(bsz, bsz, wall, prefill=prefill)

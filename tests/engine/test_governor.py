@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -203,38 +204,45 @@ def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
 
 
 class EagerGovernor(SpecGovernor):
-    """The reference: checks the budget at every step (no countdown over steps it knows to be short)."""
+    """The reference: decides at every step (no countdown over steps whose decision it knows)."""
 
-    def _steps_short(self, bsz: int) -> int:
+    def _steps_plain(self, bsz: int, rules) -> int:
         return 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from([1, 3, 4, 6, 16, 17, 64]),  # batch size
+            st.sampled_from([1, 3, 4, 6, 16, 17, 31, 64]),  # batch size of a stretch of steps
+            st.integers(1, 300),  # its length
             st.floats(0.2, 3.0),  # a drafting step's time over a plain one's
-            st.floats(0.8, 1.6),  # this step's jitter
-            st.booleans(),  # a new history step before it (rarely: filtered below)
+            st.booleans(),  # a new history step before it
         ),
         min_size=1,
-        max_size=400,
+        max_size=8,
     ),
-    st.sampled_from([0.0, 0.01, 0.05]),
+    st.sampled_from([0.0, 0.01, 0.05, math.inf]),
+    st.integers(0, 2**16),
 )
-def test_counting_down_short_budget_steps_decides_as_checking_every_step(steps, budget):
-    """The countdown over steps the budget is known to be short for, and the queue of plain observations, change
-    no decision and no measurement: the same steps give the same decisions, stats and rates as the reference."""
+def test_counting_down_known_plain_steps_decides_as_deciding_every_step(stretches, budget, seed):
+    """The countdowns over steps whose plain decision is known (the budget short, or the bucket's rules before the
+    next probe) and the queue of plain observations change no decision and no measurement: the same steps give the
+    same decisions, stats and rates as the reference, which decides at every step."""
+    rng = random.Random(seed)
     fast, eager = (cls(GovernorConfig(explore_budget=budget)) for cls in (SpecGovernor, EagerGovernor))
-    for k, (bsz, slowdown, jitter, new_history) in enumerate(steps):
-        if new_history and k % 7 == 0:
+    for bsz, length, slowdown, new_history in stretches:
+        if new_history:
             fast.forget_drafting(), eager.forget_drafting()
-        spec = fast.use_spec(bsz)
-        assert spec == eager.use_spec(bsz), k
-        seconds = (0.002 + 1e-4 * bsz) * jitter * (slowdown if spec else 1.0)
-        for g in (fast, eager):
-            g.observe(bsz, spec, tokens=bsz, seconds=seconds)
+        low = 1 << (bsz.bit_length() - 1)
+        for k in range(length):
+            n = bsz if rng.random() < 0.7 else rng.randrange(low, 2 * low)  # now and then another of its bucket
+            spec = fast.use_spec(n)
+            assert spec == eager.use_spec(n), k
+            jitter = rng.choice([1.0, 1.0, 1.0, rng.uniform(0.8, 1.6)])  # runs of equal steps, and outliers
+            seconds = (0.002 + 1e-4 * n) * jitter * (slowdown if spec else 1.0)
+            for g in (fast, eager):
+                g.observe(n, spec, tokens=n, seconds=seconds)
     assert fast.stats == eager.stats and fast.rates() == eager.rates()
     assert fast.within_budget() == eager.within_budget()
 
