@@ -132,10 +132,12 @@ class StepCostModel:
             xx, xy = self._xx.sum(axis=0), self._xy.sum(axis=0)
             ridge = 1e-9 * max(1.0, float(np.trace(xx))) * np.eye(4)
             coef = np.linalg.solve(xx + ridge, xy)
-            if coef[1] < 0.0:  # a request cannot have a negative cost: refit without the per-request term
-                keep = [0, 2, 3]
-                coef = np.zeros(4)
-                coef[keep] = np.linalg.solve((xx + ridge)[np.ix_(keep, keep)], xy[keep])
+            keep = [0, 1, 2, 3]
+            for term in (1, 0):  # neither a request nor a step costs less than nothing: refit without that term
+                if coef[term] < 0.0:  # (a negative intercept priced the steps of a smaller batch at about 0)
+                    keep.remove(term)
+                    coef = np.zeros(4)
+                    coef[keep] = np.linalg.solve((xx + ridge)[np.ix_(keep, keep)], xy[keep])
             coef[2:] = np.maximum(coef[2:], 0.0)  # noise can make a row term negative: no row is free of cost
             self._coef = coef
             self._stale, self._since_fit, self._fitted = False, 0, True

@@ -30,10 +30,10 @@ WALL_WINDOW = 64
 PLAIN_QUEUE_MAX = 64
 """Plain steps ``observe`` queues before it folds them in (they are folded at every decision that reads them too)."""
 
-PROBE_HOST_S = 50e-6
-"""Host seconds per request a probe of drafting is expected to cost before one was measured (asking the drafter,
-laying out and verifying a tree), on top of its capped rows: the excess the first probe waits for room for is
-``probe_cost`` plain steps plus that, which matters where a step is short (a small model, a large batch)."""
+PROBE_HOST_S = (1e-3, 50e-6)
+"""Host seconds a probe of drafting is expected to cost before one was measured (asking the drafter, laying out and
+verifying a tree), a step's and each request's, on top of its capped rows: the first probe in a bucket waits for room
+for ``probe_cost`` plain steps plus that, which matters where a step is short (a small model, a large batch)."""
 
 TRUST_MARGIN = 0.01
 """Log ratio a re-check of trusted drafting leaves when it withdraws the trust: just below parity, so that the next
@@ -117,7 +117,7 @@ class _Bucket:
     last: list[int] = field(default_factory=lambda: [0, 0])  # step count at each mode's last observation
     log_ratio: float | None = None  # decayed mean of log(drafting / plain tokens/s), probes against the winner
     won: bool = False  # drafting was measured to win here at some history step (kept by forget_drafting)
-    probe_excess: float | None = None  # decayed excess of its drafting steps before a win, in plain steps (kept)
+    probe_excess: float | None = None  # decayed excess of its drafting steps before a win, seconds (kept)
 
     def spec_wins(self) -> bool:
         return self.rate[1] >= self.rate[0] if self.log_ratio is None else self.log_ratio >= 0.0
@@ -211,9 +211,7 @@ class SpecGovernor:
         """Whether drafting may run now under ``explore_budget``: the plain fit measured and the excess within the
         budget; for a step of ``bsz`` requests in a bucket where drafting was never measured to win, with room left
         for a probe: the excess over the plain fit that its drafting steps were measured to cost before they won
-        (decayed; host work included, which the probe's row cap does not bound), at most ``PROBE_ROOM_MAX`` plain
-        steps; before any measurement the last one of another bucket, at first ``probe_cost`` plain steps (at most
-        one) plus ``PROBE_HOST_S`` per request."""
+        (decayed; host work included, which the probe's row cap does not bound; ``_probe_room``)."""
         return self._room(bsz) >= 0.0
 
     def _room(self, bsz: int | None) -> float:
@@ -228,12 +226,22 @@ class SpecGovernor:
         if bsz is not None:
             b = self._buckets.get(_bucket(bsz))
             if b is None or not b.won:  # a bucket where drafting never won: room for a probe
-                probe = self._probe_excess if b is None or b.probe_excess is None else b.probe_excess
-                step = self._plain.base_cost(bsz)
-                if probe is None:  # nothing measured yet: the capped rows and the expected host work
-                    probe = min(self.cfg.probe_cost, 1.0) + bsz * PROBE_HOST_S / step
-                room -= min(probe, PROBE_ROOM_MAX) * step
+                room -= self._probe_room(bsz, b)
         return room
+
+    def _probe_room(self, bsz: int, b: _Bucket | None) -> float:
+        """Seconds of room a probe of drafting at ``bsz`` waits for (``within_budget``): what the bucket's probes
+        were measured to cost, else the capped rows and the expected host work (``PROBE_HOST_S``), or the last
+        measured excess of another bucket in plain steps if more, at most ``PROBE_ROOM_MAX`` plain steps. Never less
+        for a larger batch of the same bucket (the countdowns rely on it)."""
+        if b is not None and b.probe_excess is not None:
+            return b.probe_excess
+        step = self._plain.base_cost(bsz)
+        fixed, per_request = PROBE_HOST_S
+        room = min(self.cfg.probe_cost, 1.0) * step + fixed + per_request * bsz
+        if self._probe_excess is not None:
+            room = max(room, self._probe_excess * step)
+        return min(room, PROBE_ROOM_MAX * step)
 
     def _countdown(self, bsz: int, rules: _Bucket | None) -> None:
         """After a plain decision for ``bsz`` (by the budget, or by the rules of bucket ``rules``), the steps of the
@@ -245,10 +253,11 @@ class SpecGovernor:
         """How many next steps of ``bsz``'s bucket certainly decode plainly as this one did, if they are plain: each
         adds to the room at most ``explore_budget`` x the longest of the last ``WALL_WINDOW`` plain steps (a longer
         one ends the countdown) and at least nothing, the bucket's smallest batch needs the least room for a probe and its largest the most, and
-        the plain fit that prices that room is fixed until its next refit. By the budget: while the room stays
+        the plain fit, where it prices that room, is fixed until its next refit. By the budget: while the room stays
         short; by the rules: until the next probe, while the room stays."""
         b = rules if rules is not None else self._buckets.get(_bucket(bsz))
-        refit = self._plain.steps_to_refit() if b is None or not b.won else math.inf
+        fitted = b is None or not (b.won or b.probe_excess is not None)  # the room is priced by the plain fit
+        refit = self._plain.steps_to_refit() if fitted else math.inf
         if rules is None:
             short = -self._room(1 << (bsz.bit_length() - 1))
             grow = self.cfg.explore_budget * self._wall_hi
@@ -325,10 +334,12 @@ class SpecGovernor:
                 plain = min(plain, tokens / b.rate[0] + (wall - seconds))
             excess = wall - plain
             self._excess += excess
-            if not b.won:  # what a probe costs here, in plain steps: the room the next one waits for
-                steps = max(excess, 0.0) / max(step, 1e-9)
-                b.probe_excess = steps if b.probe_excess is None else 0.5 * (b.probe_excess + steps)
-                self._probe_excess = b.probe_excess
+            if not b.won:  # what a probe costs here: the room the next one waits for (and other buckets', in steps)
+                if b.count[0] > 0 and b.rate[0] > 0.0:  # a plain step here as measured, when longer than the fit
+                    step = max(step, bsz / b.rate[0])
+                cost = min(max(excess, 0.0), PROBE_ROOM_MAX * step)
+                b.probe_excess = cost if b.probe_excess is None else 0.5 * (b.probe_excess + cost)
+                self._probe_excess = cost / max(step, 1e-9)
         mode = int(bool(drafted))
         rate = tokens / seconds
         if b.log_ratio is not None and bool(drafted) != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:

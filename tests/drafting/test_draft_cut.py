@@ -115,6 +115,16 @@ def test_row_cost_never_negative_and_unidentified_rows_cut_nothing():
     assert falling.row_cost() == 0.0
 
 
+def test_a_step_never_costs_less_than_nothing_at_a_batch_size_not_measured():
+    """Steps measured at batch 64 and a few smaller ones whose times fall faster than linearly: the fit's
+    intercept would go negative and price a step of 41 requests at about 0 (a free probe for the governor)."""
+    model = StepCostModel()
+    for batch, seconds in [(64, 0.0030)] * 40 + [(60, 0.0026), (56, 0.0022)] * 4:
+        model.observe(batch, batch, seconds)
+    assert model.base_cost(41) > 0.25 * model.base_cost(64)
+    assert model.base_cost(64) == pytest.approx(0.0030, rel=0.1)
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
