@@ -99,9 +99,7 @@ class StepCostModel:
         self._n += weight
         self._steps += 1
         self._since_fit += 1
-        # refits come every refit_every steps, more often while few steps are in (after 1, 2, 4, ... of them)
-        fitted_at = self._steps - self._since_fit
-        self._stale = self._stale or self._since_fit >= min(self.cfg.refit_every, fitted_at) or not self._fitted
+        self._stale = self._stale or self._since_fit >= self._refit_gap() or not self._fitted
         if len(self._pending) >= PENDING_MAX:
             self._fold()
 
@@ -143,12 +141,17 @@ class StepCostModel:
             self._stale, self._since_fit, self._fitted = False, 0, True
         return self._coef
 
+    def _refit_gap(self) -> int:
+        """Observations between the last refit and the next: ``refit_every``, fewer while few steps are in (refits
+        after 1, 2, 4, ... of them)."""
+        return min(self.cfg.refit_every, self._steps - self._since_fit)
+
     def steps_to_refit(self) -> int:
         """Observations after which the next ``base_cost``/``row_cost``/``prefill_cost`` refits (0: the next one does;
         until then they return what they return now)."""
         if not self._fitted or self._stale:
             return 0
-        return max(0, min(self.cfg.refit_every, self._steps - self._since_fit) - self._since_fit)
+        return max(0, self._refit_gap() - self._since_fit)
 
     def base_cost(self, batch: int) -> float:
         """Fitted ``a + b * batch`` (seconds of a step without extra rows), > 0."""

@@ -252,11 +252,12 @@ class SpecGovernor:
     def _steps_plain(self, bsz: int, rules: _Bucket | None) -> int:
         """How many next steps of ``bsz``'s bucket certainly decode plainly as this one did, if they are plain: each
         adds to the room at most ``explore_budget`` x the longest of the last ``WALL_WINDOW`` plain steps (a longer
-        one ends the countdown) and at least nothing, the bucket's smallest batch needs the least room for a probe and its largest the most, and
-        the plain fit, where it prices that room, is fixed until its next refit. By the budget: while the room stays
-        short; by the rules: until the next probe, while the room stays."""
+        one ends the countdown) and at least nothing, the bucket's smallest batch needs the least room for a probe
+        and its largest the most, and the plain fit, where it prices that room, is fixed until its next refit. By the
+        budget: while the room stays short; by the rules: until the next probe, while the room stays."""
         b = rules if rules is not None else self._buckets.get(_bucket(bsz))
-        fitted = b is None or not (b.won or b.probe_excess is not None)  # the room is priced by the plain fit
+        # the room is priced by the plain fit (a budget, and a bucket whose probes were never measured nor won)
+        fitted = math.isfinite(self.cfg.explore_budget) and (b is None or not (b.won or b.probe_excess is not None))
         refit = self._plain.steps_to_refit() if fitted else math.inf
         if rules is None:
             short = -self._room(1 << (bsz.bit_length() - 1))
@@ -266,7 +267,6 @@ class SpecGovernor:
             steps = rules.interval - rules.since_probe - 1
             if steps > 0 and self._room((1 << bsz.bit_length()) - 1) < 0.0:
                 steps = 0
-            refit = math.inf if math.isinf(self.cfg.explore_budget) else refit
         return max(0, int(min(steps, refit - 1)))
 
     def trusts_spec(self, bsz: int) -> bool:
@@ -329,14 +329,15 @@ class SpecGovernor:
             self._plain.observe(bsz, bsz, wall, prefill=prefill)
         elif self._plain.ready:  # what the step would have cost plainly: tokens / bsz plain steps and the prefill
             step = self._plain.base_cost(bsz)
+            measured = bsz / b.rate[0] if b.count[0] > 0 and b.rate[0] > 0.0 else None  # a plain step here, s
             plain = tokens * step / bsz + self._plain.prefill_cost() * prefill
-            if b.count[0] > 0 and b.rate[0] > 0.0:  # or the bucket's measured plain rate, if less: the safe side
+            if measured is not None:  # or the bucket's measured plain rate, if less: the safe side
                 plain = min(plain, tokens / b.rate[0] + (wall - seconds))
             excess = wall - plain
             self._excess += excess
             if not b.won:  # what a probe costs here: the room the next one waits for (and other buckets', in steps)
-                if b.count[0] > 0 and b.rate[0] > 0.0:  # a plain step here as measured, when longer than the fit
-                    step = max(step, bsz / b.rate[0])
+                if measured is not None:  # a plain step here as measured, when longer than the fit
+                    step = max(step, measured)
                 cost = min(max(excess, 0.0), PROBE_ROOM_MAX * step)
                 b.probe_excess = cost if b.probe_excess is None else 0.5 * (b.probe_excess + cost)
                 self._probe_excess = cost / max(step, 1e-9)
