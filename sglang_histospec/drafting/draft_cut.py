@@ -158,6 +158,11 @@ class StepCostModel:
         a, b = self._fit()[:2]
         return max(a + b * batch, 1e-9)
 
+    def intercept(self) -> float:
+        """Fitted ``a`` (seconds of a step that no request adds to, >= 0): what a step saves that a batch no longer
+        needs, against ``b`` per request (``base_cost(1) - intercept()``)."""
+        return float(self._fit()[0])
+
     def row_cost(self) -> float:
         """Fitted ``c`` (seconds per extra query row of a draft tree, >= 0)."""
         return float(self._fit()[2])

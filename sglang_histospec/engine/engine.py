@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from sglang_histospec.engine.commit import Commit
+from sglang_histospec.engine.governor import critical_progress
 from sglang_histospec.engine.inputs import StepInputs, build_inputs
 from sglang_histospec.engine.model import TreeForward, check_architecture
 from sglang_histospec.engine.profile import profile_verify
@@ -395,8 +396,12 @@ class Engine:
         else:
             hidden = hidden[:, 0]
         verdict = verify(running, sel.tb, self._fwd.logits(hidden))
+        critical = None  # a drafting step of a batch that nothing waits to join: how far it brought the end forward
+        if sel.drafted and not self.scheduler.waiting:
+            rooms = [st.req.sampling.max_new_tokens - len(st.output) for st in running]
+            critical = critical_progress(rooms, [len(w.tokens) for w in verdict.walks])
         emitted = self.commit.step(running, sel.tb, verdict.walks, verdict.logprobs, inputs.base)
-        self.selector.observe(sel, verdict.walks, len(running), prefill, emitted, started)
+        self.selector.observe(sel, verdict.walks, len(running), prefill, emitted, started, critical)
 
     def _forward(self, inputs: StepInputs, slot_start: int) -> torch.Tensor:
         """One counted forward pass on host arrays (``TreeForward.forward``); row b is cache slot

@@ -101,6 +101,18 @@ class GovernorConfig:
             raise ValueError(f"GovernorConfig.explore_budget={self.explore_budget}: use a value >= 0 (math.inf: none)")
 
 
+def critical_progress(rooms: list[int], emitted: list[int]) -> int:
+    """Steps by which one decode step brought forward the end of a batch that nothing waits to join, bounded by its
+    requests' caps: ``rooms[i]`` tokens request i may still emit before the step (``max_new_tokens`` less its
+    output), ``emitted[i]`` tokens the step gave it (>= 1). The batch runs at most ``max(rooms)`` more steps before
+    and ``max(rooms[i] - emitted[i])`` after; a plain step brings that bound forward by 1.
+
+    Example: ``critical_progress([90, 96, 96], [3, 2, 1])`` is 1: a request with 96 tokens of room still got one.
+    """
+    after = max(r - min(e, r) for r, e in zip(rooms, emitted))
+    return max(rooms) - after
+
+
 def _bucket(bsz: int) -> int:
     """The batch-size bucket of ``bsz`` (its bit length: 1, 2-3, 4-7, ...)."""
     return int(bsz).bit_length()
@@ -291,12 +303,21 @@ class SpecGovernor:
             b.log_ratio = None  # ... and the ratio restarts from the two means once it is in
 
     def observe(
-        self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int = 0, wall_s: float | None = None
+        self,
+        bsz: int,
+        drafted: bool,
+        tokens: float,
+        seconds: float,
+        prefill: int = 0,
+        wall_s: float | None = None,
+        critical: int | None = None,
     ) -> None:
         """Record one finished decode step: did it draft, tokens emitted, ``seconds`` of decoding (wall time less
         the modelled cost of its ``prefill`` merged prefill tokens) and its whole ``wall_s`` (default ``seconds``).
         The explore budget compares wall times: the plain fit's, with its own prefill cost, or, when less, the
-        bucket's measured plain rate plus the step's modelled prefill share (``wall_s - seconds``).
+        bucket's measured plain rate plus the step's modelled prefill share (``wall_s - seconds``). ``critical``:
+        for a drafting step of a batch that nothing waits to join, its ``critical_progress``; its tokens then count
+        as ``credit`` says.
         """
         if seconds <= 0.0 or bsz < 1:
             return
@@ -310,7 +331,22 @@ class SpecGovernor:
             return
         self._flush()
         self._skip = 0  # the room changed: decide again
-        self._observe(bsz, True, tokens, seconds, prefill, wall)
+        self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall)
+
+    def credit(self, bsz: int, tokens: float, critical: int | None) -> float:
+        """The plain steps' tokens worth what a drafting step's ``tokens`` for ``bsz`` requests saved: all of them
+        while requests wait to join the batch (``critical`` None: a slot freed early is filled), else its rows and
+        the steps its ``critical`` progress took off the batch's end, by the plain fit ``a + b * bsz``:
+        ``bsz * (a * critical + b * tokens) / (a + b * bsz)``, at most ``tokens``. A token of a request that does not
+        bound the end saves only its row in a later step, not a step's share.
+
+        Example: with ``a = 60 ms``, ``b = 3 ms``, 17 tokens for 16 requests and ``critical = 1`` count as 16.44.
+        """
+        if critical is None or not self._plain.ready:
+            return tokens
+        a, per = self._plain.intercept(), self._plain.base_cost(bsz)
+        b = (per - a) / bsz
+        return min(tokens, bsz * (a * critical + b * tokens) / per)
 
     def _flush(self) -> None:
         """Fold the queued plain steps in, in order."""

@@ -249,10 +249,17 @@ class DraftSelector:
         return max(k, 1)
 
     def observe(
-        self, sel: Selection, walks: list[WalkResult], bsz: int, prefill: int, emitted: int, started: float
+        self,
+        sel: Selection,
+        walks: list[WalkResult],
+        bsz: int,
+        prefill: int,
+        emitted: int,
+        started: float,
+        critical: int | None = None,
     ) -> None:
-        """Learn from a finished step: its selection, walks, batch size, merged prefill tokens, tokens emitted and
-        ``time.perf_counter()`` start."""
+        """Learn from a finished step: its selection, walks, batch size, merged prefill tokens, tokens emitted,
+        ``time.perf_counter()`` start and, when nothing waits to join the batch, its ``critical_progress``."""
         if not self.speculate:
             return
         seconds = time.perf_counter() - started
@@ -261,24 +268,27 @@ class DraftSelector:
         if len(sel.nodes):  # what was accepted calibrates the drafted probabilities
             accepted = self._learn(sel, walks)
             if sel.predicted > 0.0 and self.governor is not None:
-                self._learn_scale(sel, accepted, bsz, emitted / decode_s)
+                credit = self.governor.credit(bsz, emitted, critical)  # what the step saved, in plain tokens
+                self._learn_scale(sel, accepted, credit - (emitted - accepted), bsz, credit / decode_s)
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
             self.step_cost.observe(bsz, sel.tb.num_rows, seconds, prefill=prefill)
         elif self._pause > 0:
             self._pause -= 1
             self.stats["paused_steps"] += 1
         if self.governor is not None:  # measured tokens/s
-            self.governor.observe(bsz, sel.drafted, emitted, decode_s, prefill=prefill, wall_s=seconds)
+            self.governor.observe(
+                bsz, sel.drafted, emitted, decode_s, prefill=prefill, wall_s=seconds, critical=critical
+            )
 
-    def _learn_scale(self, sel: Selection, accepted: int, bsz: int, rate: float) -> None:
+    def _learn_scale(self, sel: Selection, accepted: int, saved: float, bsz: int, rate: float) -> None:
         """Update the acceptance scale and the ramp from a step the cut weighed, of which ``accepted`` verified nodes
-        were accepted and which emitted ``rate`` tokens/s: did its accepted nodes pay for its draft rows, at the step
-        model's cost of a row against a plain step's cost per token, and was it as fast as the plain steps the
-        governor measured in its bucket?"""
+        were accepted, worth ``saved`` plain tokens as the governor credits them, and which emitted ``rate`` tokens/s
+        (credited alike): did its accepted nodes pay for its draft rows, at the step model's cost of a row against a
+        plain step's cost per token, and was it as fast as the plain steps the governor measured in its bucket?"""
         cfg = self.governor.cfg
         self._scale = [cfg.scale_decay * self._scale[0] + accepted, cfg.scale_decay * self._scale[1] + sel.predicted]
         rows = sel.tb.num_rows - bsz
-        paid = accepted * self.step_cost.base_cost(bsz) >= rows * self.step_cost.row_cost() * bsz
+        paid = saved * self.step_cost.base_cost(bsz) >= rows * self.step_cost.row_cost() * bsz
         plain = self.governor.plain_rate(bsz)
         paid = paid and (plain is None or rate >= plain)
         self._ramp = min(2.0 * self._ramp, cfg.ramp_max) if paid else max(0.5 * self._ramp, 1.0)

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.engine.governor import PROBE_HOST_S, PROBE_ROOM_MAX, GovernorConfig, SpecGovernor
+from sglang_histospec.engine.governor import (
+    PROBE_HOST_S,
+    PROBE_ROOM_MAX,
+    GovernorConfig,
+    SpecGovernor,
+    critical_progress,
+)
 
 UNBUDGETED = GovernorConfig(explore_budget=math.inf)
 """For tests of the buckets' rules apart from the explore budget (tested below)."""
@@ -219,6 +225,58 @@ def test_a_probe_waits_for_what_its_own_buckets_probe_cost_in_seconds():
 def test_without_a_budget_drafting_may_start_before_plain_steps_were_measured():
     assert SpecGovernor(GovernorConfig(explore_budget=math.inf)).use_spec(4)
     assert not SpecGovernor().use_spec(4)  # the default measures plain steps first
+
+
+@pytest.mark.parametrize(
+    "rooms, emitted, progress",
+    [
+        ([96], [4], 4),  # one request: all it got
+        ([96, 96], [4, 1], 1),  # two at the cap: the one that got 1 still bounds the end
+        ([96, 96], [4, 3], 3),
+        ([90, 96], [5, 2], 2),  # the one with the most room bounds it
+        ([95, 96], [1, 3], 2),  # ... until the other one, with less room, does: 96 - 94
+        ([3, 2], [5, 5], 3),  # tokens past a request's room end it
+    ],
+)
+def test_critical_progress_is_how_far_the_caps_bound_on_the_end_moved(rooms, emitted, progress):
+    assert critical_progress(rooms, emitted) == progress
+
+
+def fitted(a: float, b: float) -> SpecGovernor:
+    """A governor whose plain fit is ``a + b * bsz`` seconds a step (plain steps of 4 and 16 requests)."""
+    g = SpecGovernor()
+    for _ in range(8):
+        for bsz in (4, 16):
+            g.observe(bsz, False, tokens=bsz, seconds=a + b * bsz)
+    g.within_budget()  # folds the queued steps in
+    return g
+
+
+def test_a_drain_credits_tokens_off_the_end_with_a_step_and_the_rest_with_a_row():
+    g = fitted(0.06, 0.003)
+    assert g.credit(16, 17, None) == 17  # requests wait: a slot freed early is filled
+    assert g.credit(16, 17, 1) == pytest.approx(16 * (0.06 + 0.003 * 17) / 0.108)
+    assert g.credit(16, 32, 2) == pytest.approx(32)  # every request advanced two: the end did too
+    assert g.credit(16, 20, 4) == 20  # never more than the tokens
+    assert SpecGovernor().credit(16, 17, 1) == 17  # before the plain fit: as emitted
+
+
+def test_drafting_that_does_not_move_a_drains_end_loses_to_plain_steps():
+    """A drain of 16 requests at 60 ms + 3 ms a request: drafting steps of 18 tokens, 7 % slower than plain ones, win
+    by tokens/s (18 / 16 > 1.07), but only the rows of the extra tokens are saved (the end does not move): plain."""
+    plain_s = 0.06 + 0.003 * 16
+    for critical, wins in [(None, True), (1, False)]:
+        g = fitted(0.06, 0.003)
+        g.forget_drafting()
+        used = []
+        for _ in range(400):
+            spec = g.use_spec(16)
+            if spec:
+                g.observe(16, True, tokens=18, seconds=1.07 * plain_s, critical=critical)
+            else:
+                g.observe(16, False, tokens=16, seconds=plain_s)
+            used.append(spec)
+        assert (sum(used[-100:]) > 50) == wins, (critical, sum(used[-100:]))
 
 
 class EagerGovernor(SpecGovernor):
