@@ -51,7 +51,7 @@ const std::array<double, kDepthMax>& prior() {
 }  // namespace
 
 int32_t anchor_class(int32_t source, int32_t kind, int64_t length, int32_t ham, int32_t extra) {
-  return (((source * 2 + kind) * kNumLengthClasses + length_class(length)) * 4 + ham) * kNumExtra + extra;
+  return (((source * kNumKinds + kind) * kNumLengthClasses + length_class(length)) * 4 + ham) * kNumExtra + extra;
 }
 
 Learnt::Learnt()
@@ -197,11 +197,12 @@ int32_t agreement(const int32_t* seq, int64_t j, const int32_t* ctx, int64_t n, 
   return count;
 }
 
-struct Found {  // a kept anchor: it drafts seq[j, seq_len)
+struct Found {  // a kept anchor: it drafts seq[j, seq_len), or, rewritten, that with the context's tokens carried over
   int32_t cls;
   int32_t length;
   const int32_t* seq;
   int64_t seq_len, j;
+  bool rewritten;
 };
 
 struct Ranked {  // a trie node's selection key (-score, depth, id), depth and id packed (id < 2^16)
@@ -232,9 +233,48 @@ struct Scan {
             int32_t extra) {
     const int32_t cls = anchor_class(s, kind, length, ham_class(agree), extra);
     keys.push_back({rate0[cls], static_cast<int32_t>(found.size())});
-    found.push_back({cls, length, seq, seq_len, j});
+    found.push_back({cls, length, seq, seq_len, j, false});
+  }
+
+  // A rewritten copy of every anchor found since `first`, kind + kRewritten, in the same order (anchors.py:
+  // _rewritten). Whether its continuation changes is decided lazily, when the copy is chosen (build_trie).
+  void add_rewritten(size_t first) {
+    constexpr int32_t shift = kRewritten * kNumLengthClasses * 4 * kNumExtra;  // kind + kRewritten in anchor_class
+    for (size_t i = first, last = found.size(); i < last; ++i) {
+      Found f = found[i];
+      f.cls += shift;
+      f.rewritten = true;
+      keys.push_back({rate0[f.cls], static_cast<int32_t>(found.size())});
+      found.push_back(f);
+    }
   }
 };
+
+// seq[j, j + len) with the context's tokens carried over into out (anchors.py: rewritten); false when nothing
+// changes. Each aligned mismatch seq[j-1-k] != ctx[n-1-k] (k < kHamWindow, nearest first) is a rule: after
+// seq[j-2-k], seq[j-1-k] reads ctx[n-1-k]; a continuation token whose bigram in seq has a rule is replaced.
+bool rewrite(const Found& f, const int32_t* ctx, int64_t n, int64_t len, int32_t* out) {
+  std::array<int32_t, kHamWindow> before, from, to;  // [rules]
+  int32_t rules = 0;
+  const int32_t* seq = f.seq;
+  const int64_t j = f.j, stop = std::min<int64_t>({kHamWindow, j - 1, n});
+  for (int64_t k = 0; k < stop; ++k) {
+    const int32_t h = seq[j - 1 - k], c = ctx[n - 1 - k], b = seq[j - 2 - k];
+    if (h == c) continue;
+    int32_t r = 0;
+    while (r < rules && !(before[r] == b && from[r] == h)) ++r;
+    if (r == rules) before[rules] = b, from[rules] = h, to[rules++] = c;  // the nearest mismatch keeps its rule
+  }
+  bool changed = false;
+  for (int64_t i = 0; i < len; ++i) {
+    const int32_t b = seq[j + i - 1], t = seq[j + i];
+    int32_t r = 0;
+    while (r < rules && !(before[r] == b && from[r] == t)) ++r;
+    out[i] = r < rules ? to[r] : t;
+    changed |= r < rules;
+  }
+  return changed;
+}
 
 constexpr int64_t kPrefetch = 8;  // postings a scan reads ahead (their tokens are cache misses, independent ones)
 
@@ -363,6 +403,8 @@ struct Trie {
 struct Scratch {
   std::vector<Found> found;
   std::vector<Key> keys;
+  std::array<int32_t, kMaxAnchors * kDepthMax> rewritten;  // [chosen anchors, kDepthMax] rewritten continuations
+  int32_t match_len = 0;                                    // the best chosen anchor's match length
   Trie trie;
   std::vector<Ranked> heap;
   std::vector<int32_t> top, order;
@@ -683,34 +725,47 @@ void collect(const Config& cfg, const Learnt& learnt, const Request& req, Scratc
   const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
   Scan sc{cfg, req.ctx.data(), n, own, learnt.rate0.data(), s.found, s.keys};
   auto scan_list = [&](int32_t source, const CorpusPtr* first, const CorpusPtr* last) {
-    if (first != last)
-      for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, source, kind, first, last);
+    if (first == last) return;
+    const size_t start = s.found.size();
+    for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, source, kind, first, last);
+    sc.add_rewritten(start);
   };
   // In (source, kind, rank) order, so that a found anchor's index breaks ties of the learnt rate.
   if (src.history) scan_list(kHistory, &src.history, &src.history + 1);
   if (src.siblings) scan_list(kSiblings, src.siblings->data(), src.siblings->data() + src.siblings->size());
-  if (cfg.sources[kSelf])
+  if (cfg.sources[kSelf]) {
+    const size_t start = s.found.size();
     for (int32_t kind = 0; kind < 2; ++kind) scan_self(sc, kind, req.prev.data());
+    sc.add_rewritten(start);
+  }
   if (src.global) scan_list(kGlobal, src.global->data(), src.global->data() + src.global->size());
 }
 
-// The best kMaxAnchors by learnt first-token rate; each continuation's nodes multiply their miss by (1 - rate),
-// building the trie into the pending draft p.
-void build_trie(const Learnt& learnt, Scratch& s, int32_t budget, Pending& p) {
-  const size_t num = std::min<size_t>(s.keys.size(), kMaxAnchors);
-  std::partial_sort(s.keys.begin(), s.keys.begin() + num, s.keys.end(), selected_before);
+// The best kMaxAnchors by learnt first-token rate (a rewritten copy whose continuation does not change is no
+// anchor); each continuation's nodes multiply their miss by (1 - rate), building the trie into the pending draft p.
+void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s, int32_t budget, Pending& p) {
+  auto worse = [](const Key& a, const Key& b) { return selected_before(b, a); };
+  std::make_heap(s.keys.begin(), s.keys.end(), worse);  // best first: popped in the reference's sorted order
   const int64_t reach = std::min(budget, kDepthMax);
   Trie& t = s.trie;
-  p.nodes.reserve(1 + num * reach);  // at most every continuation's whole path: no reallocation while building
+  p.nodes.reserve(1 + std::min<size_t>(s.keys.size(), kMaxAnchors) * reach);  // no reallocation while building
   t.reset(p.nodes);
   p.anchors.clear();
-  for (size_t a = 0; a < num; ++a) {
-    const Found& f = s.found[s.keys[a].index];
-    const double* rate = learnt.rates.data() + static_cast<size_t>(f.cls) * kDepthMax;  // [kDepthMax]
+  for (auto end = s.keys.end(); end != s.keys.begin() && p.anchors.size() < kMaxAnchors; --end) {
+    std::pop_heap(s.keys.begin(), end, worse);
+    const Found& f = s.found[(end - 1)->index];
     const int64_t len = std::min(reach, f.seq_len - f.j);
+    const int32_t* cont = f.seq + f.j;
+    if (f.rewritten) {
+      int32_t* into = s.rewritten.data() + p.anchors.size() * kDepthMax;
+      if (!rewrite(f, ctx, n, len, into)) continue;
+      cont = into;
+    }
+    if (p.anchors.empty()) s.match_len = f.length;
+    const double* rate = learnt.rates.data() + static_cast<size_t>(f.cls) * kDepthMax;  // [kDepthMax]
     int32_t v = 0;
     for (int64_t d = 0; d < len; ++d) {
-      v = t.child(v, f.seq[f.j + d]);
+      v = t.child(v, cont[d]);
       t.miss[v] *= 1.0 - rate[d];
       t.best[v] = std::max(t.best[v], rate[d]);
     }
@@ -736,10 +791,10 @@ void AnchorDrafter::draft_one(Request& req, int32_t budget, Scratch& s, DraftOut
       p = std::move(req.spare.back());
       req.spare.pop_back();
     }
-    build_trie(learnt_, s, budget, p);
+    build_trie(learnt_, req.ctx.data(), static_cast<int64_t>(req.ctx.size()), s, budget, p);
     select_top(learnt_, s, budget);
   }
-  fill_output(s, s.found[s.keys[0].index].length, out);
+  fill_output(s, s.match_len, out);
   p.pos = static_cast<int64_t>(req.ctx.size());
   req.pending.push_back(std::move(p));  // after fill_output: the trie's nodes are p's
 }

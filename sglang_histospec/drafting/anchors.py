@@ -1,7 +1,9 @@
 """The anchor scorer (``DrafterConfig.scorer="anchors"``): calibrated anchors over every match, not the longest one.
 
 An *anchor* is a place in a source whose preceding tokens match the request's context, exactly (any length) or up
-to one substituted last token. Each anchor has a class (source, kind, match length, aligned agreement, age, offset,
+to one substituted last token; where the aligned tokens before it differ from the context, a *rewritten* copy of
+its continuation carries the context's tokens over (a value the response computed differently, copied again later)
+as an anchor of its own kinds. Each anchor has a class (source, kind, match length, aligned agreement, age, offset,
 recency) whose per-depth hit rates are learnt online from the tokens that follow; a trie node scores the noisy-OR
 of its anchors' rates, recalibrated per (depth, score, best rate) bin; the draft is the best ``budget`` nodes. Semantics:
 docs/drafting.md section 13; same backend interface as ``ReferenceIndex``.
@@ -43,7 +45,10 @@ RATE_PRIOR, RATE_PRIOR_NODES, RECAL_PRIOR_NODES = 0.6, 4, 2
 """Prior hit rate at depth d: RATE_PRIOR ** (d + 1), weighing RATE_PRIOR_NODES observations; a recalibration bin
 starts at the raw score, weighing RECAL_PRIOR_NODES."""
 NUM_EXTRA = 12
-NUM_CLASSES = len(SOURCES) * 2 * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
+NUM_KINDS = 4
+"""Anchor kinds: 0 exact, 1 substitution, 2 and 3 their rewritten copies (``REWRITTEN`` + kind)."""
+REWRITTEN = 2
+NUM_CLASSES = len(SOURCES) * NUM_KINDS * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
 NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1)
 
 _PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR ** (d + 1), by repeated products
@@ -67,9 +72,11 @@ def _offset_class(dist: int) -> int:
 
 
 def anchor_class(source: int, kind: int, length: int, ham: int, extra: int) -> int:
-    """Index in ``[0, NUM_CLASSES)``: source index, kind (0 exact, 1 substitution), length class, agreement class
-    and the source's extra feature (``docs/drafting.md`` section 13.2)."""
-    return (((source * 2 + kind) * (len(LENGTH_EDGES) + 1) + length_class(length)) * 4 + ham) * NUM_EXTRA + extra
+    """Index in ``[0, NUM_CLASSES)``: source index, kind (0 exact, 1 substitution, 2-3 rewritten), length class,
+    agreement class and the source's extra feature (``docs/drafting.md`` section 13.2)."""
+    return (
+        ((source * NUM_KINDS + kind) * (len(LENGTH_EDGES) + 1) + length_class(length)) * 4 + ham
+    ) * NUM_EXTRA + extra
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,29 @@ def _agree(seq, j: int, ctx, n: int, start: int) -> int:
     """Aligned equal tokens seq[j-1-k] == ctx[n-1-k] for k in [start, HAM_WINDOW)."""
     stop = min(HAM_WINDOW, j, n)
     return sum(1 for k in range(start, stop) if seq[j - 1 - k] == ctx[n - 1 - k])
+
+
+def rewritten(seq, j: int, ctx, n: int, reach: int) -> tuple[int, ...] | None:
+    """``seq[j : j + reach]`` with the context's tokens carried over, or None when nothing changes (section 13.1).
+
+    Each aligned mismatch ``seq[j-1-k] != ctx[n-1-k]`` (k < ``HAM_WINDOW``, nearest first) is a rule: after
+    ``seq[j-2-k]``, ``seq[j-1-k]`` reads ``ctx[n-1-k]``; a continuation token is replaced where its own bigram in
+    ``seq`` has a rule. Example: history ``= 1 6 2 . 1 6 2`` against a context ending ``= 1 6 0`` (rule (6, 2) -> 0)
+    drafts ``. 1 6 0``.
+    """
+    rules: dict[tuple[int, int], int] = {}
+    for k in range(min(HAM_WINDOW, j - 1, n)):
+        h, c = seq[j - 1 - k], ctx[n - 1 - k]
+        if h != c:
+            rules.setdefault((seq[j - 2 - k], h), c)
+    if not rules:
+        return None
+    cont, changed = list(seq[j : j + reach]), False
+    for i in range(len(cont)):
+        r = rules.get((seq[j + i - 1], cont[i]))
+        if r is not None:
+            cont[i], changed = r, True
+    return tuple(cont) if changed else None
 
 
 class AnchorIndex(SourceStore):
@@ -195,8 +225,9 @@ class AnchorIndex(SourceStore):
                 out.append((s, corpora))
         return out
 
-    def _anchors(self, req: _Request) -> list[tuple[int, int, int, int, tuple[int, ...], int, int]]:
-        """Every kept anchor as (class, source, kind, rank, sequence, j, length): it drafts ``sequence[j:]``."""
+    def _anchors(self, req: _Request, reach: int) -> list[tuple[int, int, int, int, tuple[int, ...], int, int]]:
+        """Every kept anchor as (class, source, kind, rank, sequence, j, length): it drafts ``sequence[j:]``; a
+        rewritten one's sequence is its continuation (j = 0)."""
         ctx, n = req.context, len(req.context)
         own = n - req.prompt_len + min(self.prompt_tail, req.prompt_len)  # the request's offset in a stored sequence
         found = []
@@ -216,7 +247,19 @@ class AnchorIndex(SourceStore):
                 for rank, (j, length, agree) in enumerate(self._self_candidates(seq, kind)):
                     cls = anchor_class(s, kind, length, _ham_class(agree), min(rank, 3))
                     found.append((cls, s, kind, rank, seq, j, length))
-        return found
+        return found + self._rewritten(found, ctx, n, reach)
+
+    @staticmethod
+    def _rewritten(found, ctx, n: int, reach: int) -> list[tuple[int, int, int, int, tuple[int, ...], int, int]]:
+        """The rewritten copies of ``found``'s anchors whose continuation changes: kind + ``REWRITTEN``, the rest of
+        the class kept."""
+        shift = REWRITTEN * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA  # kind + REWRITTEN in anchor_class
+        out = []
+        for cls, s, kind, rank, seq, j, length in found:
+            cont = rewritten(seq, j, ctx, n, reach)
+            if cont is not None:
+                out.append((cls + shift, s, kind + REWRITTEN, rank, cont, 0, length))
+        return out
 
     def _candidates(self, s: int, corpora: list[_Corpus], ctx, kind: int):
         """(corpus, seq index, j, length, agreement) of the kept candidates of one source and kind, newest first:
@@ -276,12 +319,12 @@ class AnchorIndex(SourceStore):
         empty = ([], [], [], 0, "")
         if budget <= 0:
             return empty
-        found = self._anchors(req)
+        reach = min(budget, DEPTH_MAX)
+        found = self._anchors(req, reach)
         if not found:
             return empty
         keyed = sorted(((-self._rate(a[0])[0], a[1], a[2], a[3], i) for i, a in enumerate(found)))[:MAX_ANCHORS]
         chosen = [found[k[-1]] for k in keyed]
-        reach = min(budget, DEPTH_MAX)
         kids: list[dict[int, int]] = [{}]
         tok, par, depth, miss, best = [0], [-1], [0], [1.0], [0.0]
         anchors = []

@@ -9,7 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
-from sglang_histospec.drafting.anchors import DEPTH_MAX, RATE_PRIOR, AnchorIndex, anchor_class, length_class
+from sglang_histospec.drafting.anchors import (
+    DEPTH_MAX,
+    HAM_WINDOW,
+    NUM_CLASSES,
+    RATE_PRIOR,
+    AnchorIndex,
+    anchor_class,
+    length_class,
+    rewritten,
+)
 
 try:
     from sglang_histospec.drafting.native_anchors import NativeAnchorIndex
@@ -19,7 +28,7 @@ except (ImportError, AttributeError):
     INDEXES = {"python": AnchorIndex}
 BACKENDS = list(INDEXES)
 
-P1, P2, P3 = RATE_PRIOR, RATE_PRIOR**2, RATE_PRIOR**3  # the prior hit rates at depths 1-3 before any learning
+P1, P2, P3, P4 = (RATE_PRIOR**d for d in (1, 2, 3, 4))  # the prior hit rates at depths 1-4 before any learning
 
 
 def drafter(backend: str, **kw) -> HistoSpecDrafter:
@@ -71,6 +80,17 @@ CASES = [
         3,
         ([3, 1, 2], [-1, 0, 1], [P1, P2, P3]),
     ),
+    # the substitution anchor [1, 6] | 2 -> 0 drafts [9, 6, 2, 5] and its rewritten copy [9, 6, 0, 5]: the value the
+    # context computed (0 after 6, not 2) carried over (section 13.1); the original ranks first (kind 1 before 3)
+    (
+        "rewritten",
+        {"sources": ("history",), "prompt_tail": 0},
+        [[1, 6, 2, 9, 6, 2, 5]],
+        [1, 6, 0],
+        (),
+        6,
+        ([9, 6, 2, 0, 5, 5], [-1, 0, 1, 1, 2, 3], [1 - (1 - P1) ** 2, 1 - (1 - P2) ** 2, P3, P3, P4, P4]),
+    ),  # fmt: skip
     ("budget-0", H1, [[5, 6, 7]], [3, 9], (), 0, ([], [], [])),
     ("no-match", H1, [[5, 6, 7]], [3, 9], (4,), 4, ([], [], [])),
 ]
@@ -140,9 +160,25 @@ def test_learning_waits_for_the_outcome(backend):
 
 
 def test_anchor_class_is_a_bijection_on_its_fields():
-    seen = {anchor_class(s, k, length, h, e) for s in range(4) for k in range(2) for length in (1, 2, 3, 4, 6, 9, 13, 21)
+    seen = {anchor_class(s, k, length, h, e) for s in range(4) for k in range(4) for length in (1, 2, 3, 4, 6, 9, 13, 21)
             for h in range(4) for e in range(12)}  # fmt: skip
-    assert len(seen) == 4 * 2 * 8 * 4 * 12 and min(seen) == 0
+    assert len(seen) == NUM_CLASSES == 4 * 4 * 8 * 4 * 12 and min(seen) == 0 and max(seen) == NUM_CLASSES - 1
+
+
+@pytest.mark.parametrize(
+    "seq,j,ctx,reach,expected",
+    [
+        # the nearest mismatch makes the rule (6, 2) -> 0; "2" after another token is kept
+        ([1, 6, 2, 9, 2, 6, 2], 3, [1, 6, 0], 4, (9, 2, 6, 0)),
+        # two mismatches in a row: (2, 2) -> 3 and (2, 5) -> 0 turn a later 225 into 230
+        ([4, 2, 2, 5, 8, 2, 2, 5], 4, [4, 2, 3, 0], 4, (8, 2, 3, 0)),
+        ([4, 2, 2, 5, 8, 2, 2, 5], 4, [4, 2, 3, 0], 2, None),  # within reach nothing changes
+        ([4, 5, 6, 7], 3, [4, 5, 6], 2, None),  # no mismatch, no rule
+        ([9, 5, 6, 7, 5, 6], 3, [3, 8, 6], 3, None),  # rule (9, 5) -> 8: the continuation's 5 follows 7, not 9
+    ],
+)
+def test_rewritten(seq, j, ctx, reach, expected):
+    assert rewritten(seq, j, ctx, len(ctx), reach) == expected
 
 
 def test_bad_scorer_names_the_choices():
@@ -153,9 +189,12 @@ def test_bad_scorer_names_the_choices():
     assert DrafterConfig(tree=False, scorer="counts").scorer == "counts"
 
 
-def _occurs(path, seqs) -> bool:
+def _occurs(path, seqs, carried=()) -> bool:
+    """``path`` is a run of some sequence, up to tokens in ``carried`` (a rewritten copy's, section 13.1)."""
     n = len(path)
-    return any(list(s[i : i + n]) == path for s in seqs for i in range(len(s) - n + 1))
+    return any(
+        all(a == b or a in carried for a, b in zip(path, s[i : i + n])) for s in seqs for i in range(len(s) - n + 1)
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -169,7 +208,8 @@ def _occurs(path, seqs) -> bool:
 )
 def test_draft_invariants(backend, history, siblings, prompt, steps, tail):
     """Drafts are well-formed trees within the budget, probabilities in (0, 1] never grow from parent to child,
-    and every drafted path is a run of tokens of some source or of the context."""
+    and every drafted path is a run of tokens of some source or of the context, but for tokens carried over from
+    the context's last ``HAM_WINDOW`` (rewritten copies)."""
     d = drafter(backend, prompt_tail=tail, max_match=6)
     if history:
         d.add("p", 0, history, prompt_tokens=prompt)
@@ -185,7 +225,7 @@ def test_draft_invariants(backend, history, siblings, prompt, steps, tail):
         assert out.check() is None and len(out) <= budget
         for i, (p, q) in enumerate(zip(out.parents, out.probs)):
             assert 0.0 < q <= 1.0 and (p < 0 or q <= out.probs[p])
-            assert _occurs(out.path(i), seqs + [ctx])
+            assert _occurs(out.path(i), seqs + [ctx], carried=set(ctx[-HAM_WINDOW:]))
         d.extend("r", toks)
         ctx += toks
         assert d.check_integrity() is None
