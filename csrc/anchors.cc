@@ -68,8 +68,10 @@ void Learnt::update_rates(int32_t cls) {
   // raw[d] = (hits + RATE_PRIOR_NODES * prior[d]) / (tries + RATE_PRIOR_NODES), then a running minimum over d.
   const auto& p = prior();
   const size_t base = static_cast<size_t>(cls) * kDepthMax;
+  const bool copy = cls / (kNumExtra * 4 * kNumLengthClasses) % kNumKinds >= kRewritten;
   for (int32_t d = 0; d < kDepthMax; ++d) {
-    const double num = static_cast<double>(hits[base + d]) + static_cast<double>(kRatePriorNodes) * p[d];
+    const double pd = copy ? p[d] * kCopyPrior : p[d];
+    const double num = static_cast<double>(hits[base + d]) + static_cast<double>(kRatePriorNodes) * pd;
     const double raw = num / static_cast<double>(tries[base + d] + kRatePriorNodes);
     rates[base + d] = d == 0 ? raw : std::min(rates[base + d - 1], raw);
   }

@@ -45,6 +45,7 @@ constexpr int32_t kNumLengthClasses = static_cast<int32_t>(kLengthEdges.size()) 
 constexpr int32_t kNumScoreBins = static_cast<int32_t>(kScoreEdges.size()) + 1;       // 15
 constexpr int32_t kNumKinds = 4;   // NUM_KINDS: exact, substitution, and their rewritten copies
 constexpr int32_t kRewritten = 2;  // REWRITTEN: a rewritten copy's kind is the original's plus this
+constexpr double kCopyPrior = 0.5;  // COPY_PRIOR: a rewritten copy's prior rates are this times an original's
 constexpr int32_t kNumClasses = kNumSources * kNumKinds * kNumLengthClasses * 4 * kNumExtra;  // 6144
 constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins * kNumScoreBins;         // 1800
 constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most

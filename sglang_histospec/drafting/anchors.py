@@ -52,6 +52,9 @@ NUM_CLASSES = len(SOURCES) * NUM_KINDS * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
 NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1)
 
 _PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR ** (d + 1), by repeated products
+COPY_PRIOR = 0.5
+"""A rewritten copy's prior hit rates are this times an original's: a copy is a guess on top of a match, and must
+earn its trust (an exact repeat of a history response drafts as it did without copies until the copies learn)."""
 
 
 def length_class(n: int) -> int:
@@ -311,7 +314,9 @@ class AnchorIndex(SourceStore):
         """Learnt hit rate of an anchor of class ``cls`` at each depth: shrunk to the prior, non-increasing."""
         r = self._rates.get(cls)
         if r is None:
-            raw = (self._hits[cls] + RATE_PRIOR_NODES * _PRIOR) / (self._tries[cls] + RATE_PRIOR_NODES)
+            copy = cls // (NUM_EXTRA * 4 * (len(LENGTH_EDGES) + 1)) % NUM_KINDS >= REWRITTEN
+            prior = _PRIOR * COPY_PRIOR if copy else _PRIOR
+            raw = (self._hits[cls] + RATE_PRIOR_NODES * prior) / (self._tries[cls] + RATE_PRIOR_NODES)
             r = self._rates[cls] = np.minimum.accumulate(raw).tolist()
         return r
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.anchors import (
+    COPY_PRIOR,
     DEPTH_MAX,
     HAM_WINDOW,
     NUM_CLASSES,
@@ -29,6 +30,7 @@ except (ImportError, AttributeError):
 BACKENDS = list(INDEXES)
 
 P1, P2, P3, P4 = (RATE_PRIOR**d for d in (1, 2, 3, 4))  # the prior hit rates at depths 1-4 before any learning
+C = COPY_PRIOR  # a rewritten copy's prior rates, relative to an original's
 
 
 def drafter(backend: str, **kw) -> HistoSpecDrafter:
@@ -81,7 +83,8 @@ CASES = [
         ([3, 1, 2], [-1, 0, 1], [P1, P2, P3]),
     ),
     # the substitution anchor [1, 6] | 2 -> 0 drafts [9, 6, 2, 5] and its rewritten copy [9, 6, 0, 5]: the value the
-    # context computed (0 after 6, not 2) carried over (section 13.1); the original ranks first (kind 1 before 3)
+    # context computed (0 after 6, not 2) carried over (section 13.1); the original ranks first (kind 1 before 3);
+    # the copy's prior rates are COPY_PRIOR times the original's
     (
         "rewritten",
         {"sources": ("history",), "prompt_tail": 0},
@@ -89,7 +92,11 @@ CASES = [
         [1, 6, 0],
         (),
         6,
-        ([9, 6, 2, 0, 5, 5], [-1, 0, 1, 1, 2, 3], [1 - (1 - P1) ** 2, 1 - (1 - P2) ** 2, P3, P3, P4, P4]),
+        (
+            [9, 6, 2, 0, 5, 5],
+            [-1, 0, 1, 1, 2, 3],
+            [1 - (1 - P1) * (1 - C * P1), 1 - (1 - P2) * (1 - C * P2), P3, C * P3, P4, C * P4],
+        ),
     ),  # fmt: skip
     ("budget-0", H1, [[5, 6, 7]], [3, 9], (), 0, ([], [], [])),
     ("no-match", H1, [[5, 6, 7]], [3, 9], (4,), 4, ([], [], [])),
