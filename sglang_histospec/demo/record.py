@@ -209,7 +209,8 @@ def rollout_epoch(engine, family: ChatFamily, prompt_ids: dict[str, list[int]], 
         for k, (g, r) in enumerate(zip(group, rewards)):
             nll -= sum(g.output_logprobs or [])
             records.append(dict(step=epoch, epoch=epoch, prompt_id=p.prompt_id, sample=k,
-                                prompt=prompt_ids[p.prompt_id], response=list(g.output_ids), reward=r))  # fmt: skip
+                                prompt=prompt_ids[p.prompt_id], response=list(g.output_ids), reward=r,
+                                logprobs=[round(float(x), 4) for x in g.output_logprobs or []]))  # fmt: skip
     engine.drafter.end_step(epoch)
     delta = {k: after[k] - before[k] for k in ("generated_tokens", "verify_steps")}
     return records, {**delta, "nll": nll}
@@ -301,6 +302,7 @@ def record_trace(model_dir: str | os.PathLike, cfg: RecordConfig, out: str | os.
     done = _resume(work, engine, opt, params, model)
     if not done and cfg.warmup_examples and cfg.warmup_epochs:
         warmup(model, tok, family, cfg, progress)  # trains the same parameters, with its own optimizer
+    engine.weights_changed()  # the engine samples from packed copies of the weights: rebuild them
     for epoch in range(len(done), cfg.epochs):
         t0 = time.perf_counter()
         records, delta = rollout_epoch(engine, family, prompt_ids, cfg, epoch, progress)
@@ -311,6 +313,7 @@ def record_trace(model_dir: str | os.PathLike, cfg: RecordConfig, out: str | os.
         rows = grpo_rows(groups)
         if rows:
             train_step(model, opt, params, rows, cfg.micro_batch)
+            engine.weights_changed()
         engine.flush_cache()
         tokens = max(1, delta["generated_tokens"])
         stats = RecordEpoch(

@@ -251,9 +251,15 @@ class Engine:
         with torch.no_grad():
             for name, tensor in new_sd.items():
                 old_sd[name].copy_(tensor.to(old_sd[name].device))
-        self._fwd.repack()
         self.model_path = model_path
         self.weight_version = weight_version
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """Take up weights of ``self.model`` changed in place (an optimizer step on it, a manual copy): rebuilds the
+        packed copies the forward pass reads and recomputes every running request's KV. Without it an engine with
+        packed linears keeps sampling from the old weights. Example: ``opt.step(); engine.weights_changed()``."""
+        self._fwd.repack()
         for st in self.scheduler.running:  # recompute every running request's KV with the new weights
             st.kv_len = 0
         self._stats["weight_updates"] += 1

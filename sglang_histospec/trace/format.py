@@ -45,6 +45,8 @@ class TraceRecord:
     """Epoch of the step, when the writer knew it."""
     reward: float | None = None
     """Scalar reward of the response, when known."""
+    logprobs: list[float] | None = None
+    """[len(response)] log-probability of each response token under the policy that sampled it, when recorded."""
 
     def to_json(self) -> str:
         obj: dict = {"step": self.step}
@@ -53,6 +55,8 @@ class TraceRecord:
         obj.update(prompt_id=self.prompt_id, sample=self.sample, prompt=self.prompt, response=self.response)
         if self.reward is not None:
             obj["reward"] = self.reward
+        if self.logprobs is not None:
+            obj["logprobs"] = self.logprobs
         return json.dumps(obj, separators=(",", ":"))
 
 
@@ -123,7 +127,21 @@ def parse_record(line: str, path: str = "<trace>", lineno: int = 1) -> TraceReco
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward != reward:
             raise _bad(path, lineno, "reward", f"expected a number or null, got {reward!r}")
         reward = float(reward)
-    return TraceRecord(step, pid, sample, prompt, response, epoch, reward)
+    return TraceRecord(
+        step, pid, sample, prompt, response, epoch, reward, _logprobs_field(obj, len(response), path, lineno)
+    )
+
+
+def _logprobs_field(obj: dict, n: int, path: str, lineno: int) -> list[float] | None:
+    v = obj.get("logprobs")
+    if v is None:
+        return None
+    if not isinstance(v, list) or len(v) != n:
+        raise _bad(path, lineno, "logprobs", f"expected null or a list of {n} numbers (one per response token)")
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x <= 0.0):  # also rejects NaN
+            raise _bad(path, lineno, "logprobs", f"element {i} is {x!r}, expected a number <= 0")
+    return [float(x) for x in v]
 
 
 def read_trace(path: str | os.PathLike) -> Iterator[TraceRecord]:

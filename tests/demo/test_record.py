@@ -63,6 +63,7 @@ def test_record_writes_every_response_and_a_resumed_run_equals_a_straight_one(mo
     a, b = list(read_trace(tmp_path / "a.jsonl.gz")), list(read_trace(tmp_path / "b.jsonl.gz"))
     assert len(a) == 3 * 2 * 2 and [r.step for r in a] == sorted(r.step for r in a)
     assert (tmp_path / "wa" / "policy" / "config.json").is_file()  # the trained policy, loadable by the engine
+    assert all(r.logprobs is not None and len(r.logprobs) == len(r.response) for r in a)  # the policy's, per token
     assert [(r.prompt_id, r.sample, r.response) for r in a] == [(r.prompt_id, r.sample, r.response) for r in b]
     assert [e.mean_reward for e in straight] == [e.mean_reward for e in resumed]
     with pytest.raises(ValueError, match="other settings"):

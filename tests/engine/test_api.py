@@ -192,6 +192,29 @@ def test_update_weights_from_disk_and_flush(paths):
         engine.update_weights_from_disk("/nonexistent/dir")
 
 
+def test_weights_changed_in_place_reach_a_packed_engine(paths):
+    """An optimizer step on ``engine.model`` (here: a copy of other weights) is sampled from after
+    ``weights_changed``, also when the forward pass reads packed copies of the linears."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = [1, 4, 5, 6]
+    greedy = dict(max_new_tokens=10, ignore_eos=True, temperature=0.0)
+    engine = Engine(EngineConfig(model_path=paths["a"], speculative_algorithm="NONE", packed_linears=True))
+    a = engine.generate([req("a", prompt, **greedy)])[0]
+    b_ref = Engine(EngineConfig(model_path=paths["b"], speculative_algorithm="NONE")).generate(
+        [req("b", prompt, **greedy)]
+    )[0]
+    assert a.output_ids != b_ref.output_ids
+    new = AutoModelForCausalLM.from_pretrained(paths["b"]).state_dict()
+    with torch.no_grad():
+        for name, tensor in engine.model.state_dict().items():
+            tensor.copy_(new[name])
+    before = engine.stats()["weight_updates"]
+    engine.weights_changed()
+    assert engine.generate([req("b", prompt, **greedy)])[0].output_ids == b_ref.output_ids
+    assert engine.stats()["weight_updates"] == before + 1
+
+
 def test_flush_refused_while_running(paths):
     engine = Engine(EngineConfig(model_path=paths["a"], speculative_algorithm="NONE"))
     engine.add_request(req("r", [1, 2], max_new_tokens=5))

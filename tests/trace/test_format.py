@@ -25,9 +25,10 @@ def test_round_trip(tmp_path, suffix):
         TraceRecord(0, "a", 0, [1], [2, 3], epoch=0, reward=1.0),
         TraceRecord(0, "a", 1, [1], [], epoch=0, reward=None),
         TraceRecord(1, "b", 0, [5, 6], [7], epoch=None, reward=-0.5),
+        TraceRecord(1, "c", 0, [5], [8, 9], logprobs=[-0.25, 0.0]),
     ]
     path = tmp_path / f"t{suffix}"
-    assert write_trace(path, recs) == 3
+    assert write_trace(path, recs) == 4
     assert list(read_trace(path)) == recs
     if suffix.endswith(".gz"):
         with gzip.open(path, "rt") as f:
@@ -52,6 +53,9 @@ BAD_LINES = [
     ({k: v for k, v in GOOD.items() if k != "response"}, "field 'response': missing"),
     ({**GOOD, "epoch": -3}, "field 'epoch'"),
     ({**GOOD, "reward": "high"}, "field 'reward'"),
+    ({**GOOD, "logprobs": [-0.5]}, "field 'logprobs': expected null or a list of"),
+    ({**GOOD, "logprobs": [0.5] * len(GOOD["response"])}, "field 'logprobs': element 0"),
+    ({**GOOD, "logprobs": [float("nan")] * len(GOOD["response"])}, "field 'logprobs': element 0"),
 ]
 
 
