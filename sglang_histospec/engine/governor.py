@@ -71,6 +71,11 @@ class GovernorConfig:
     only)."""
     scale_prior: float = 4.0
     """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
+    history_probe: bool = True
+    """After each new history step (``forget_drafting``), the first probe of drafting runs at once, without waiting
+    for room for it in the explore budget: the new history may pay where the last did not, and a short RL step
+    (a few hundred decode steps) ends before a fraction ``explore_budget`` of its decode time pays for a probe. What
+    it costs on top of the budget: one probe (its rows capped by ``probe_cost``) per history step."""
     explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
@@ -166,6 +171,7 @@ class SpecGovernor:
         self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
         self._decode_s = 0.0  # seconds of every decode step since the history step
         self._probe_excess: float | None = None  # the last measured probe excess (any bucket), in plain steps
+        self._granted = False  # a probe of drafting may run without room for it (``history_probe``), until one ran
         # a plain step costs the governor what it costs a plain engine, about nothing: its observation is queued
         # (``_flush`` folds them in, in order, before anything reads the state) and, while the budget is known to be
         # short, or the bucket's rules decode plainly until the next probe, ``use_spec`` counts down instead of
@@ -223,7 +229,8 @@ class SpecGovernor:
         """Whether drafting may run now under ``explore_budget``: the plain fit measured and the excess within the
         budget; for a step of ``bsz`` requests in a bucket where drafting was never measured to win, with room left
         for a probe: the excess over the plain fit that its drafting steps were measured to cost before they won
-        (decayed; host work included, which the probe's row cap does not bound; ``_probe_room``)."""
+        (decayed; host work included, which the probe's row cap does not bound; ``_probe_room``), unless a new
+        history step granted a probe that has not run yet (``history_probe``)."""
         return self._room(bsz) >= 0.0
 
     def _room(self, bsz: int | None) -> float:
@@ -235,7 +242,7 @@ class SpecGovernor:
         if not self._plain.ready:
             return -math.inf
         room = self.cfg.explore_budget * self._decode_s - self._excess
-        if bsz is not None:
+        if bsz is not None and not self._granted:
             b = self._buckets.get(_bucket(bsz))
             if b is None or not b.won:  # a bucket where drafting never won: room for a probe
                 room -= self._probe_room(bsz, b)
@@ -291,11 +298,13 @@ class SpecGovernor:
     def forget_drafting(self) -> None:
         """Let drafting be measured again at once in every bucket (call when the history changed: a new step's
         drafts may pay where the last step's did not). One fresh drafting step per bucket, weighed as much as the
-        old mean, decides, so a drafter that still does not pay costs one step, not ``min_samples``."""
+        old mean, decides, so a drafter that still does not pay costs one step, not ``min_samples``. The explore
+        budget starts again, and with ``history_probe`` the first probe runs without waiting for room for it."""
         self._flush()
         n = self.cfg.min_samples
         self._excess, self._decode_s = 0.0, 0.0
         self._skip = 0
+        self._granted = self.cfg.history_probe
         for b in self._buckets.values():
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
@@ -331,6 +340,7 @@ class SpecGovernor:
             return
         self._flush()
         self._skip = 0  # the room changed: decide again
+        self._granted = False
         self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall)
 
     def credit(self, bsz: int, tokens: float, critical: int | None) -> float:

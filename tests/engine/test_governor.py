@@ -165,16 +165,39 @@ def test_losing_drafting_costs_at_most_the_explore_budget(slowdown, bsz):
     assert g.stats["budget_plain_steps"] > 0
 
 
-def test_the_explore_budget_starts_again_at_each_history_step():
-    g = SpecGovernor()
+@pytest.mark.parametrize("history_probe", [False, True])
+def test_the_explore_budget_starts_again_at_each_history_step(history_probe):
+    g = SpecGovernor(GovernorConfig(history_probe=history_probe))
     run(g, 8, 4, spec_rate=100.0, plain_rate=100.0)  # plain steps first: the fit the budget is measured against
     assert g.within_budget()
     g.observe(4, True, tokens=4, seconds=10.0)  # one drafting step far slower than plain
     assert not g.within_budget() and not g.use_spec(4)
-    g.forget_drafting()  # a new history step: a fresh window, drafting as soon as plain time makes room for a probe
-    assert g.within_budget() and not g.within_budget(4)
-    # that probe cost 249 plain steps more than plain decoding: the next waits for room for PROBE_ROOM_MAX of them
-    assert waits_for_a_probe(g, 4, 0.04) in (400, 401)  # PROBE_ROOM_MAX / explore_budget, up to rounding
+    g.forget_drafting()  # a new history step: a fresh window
+    assert g.within_budget()
+    if history_probe:  # ... and one probe at once, whatever the last history's probes cost
+        assert g.within_budget(4) and g.use_spec(4)
+        g.observe(4, True, tokens=4, seconds=10.0)  # it lost as badly: the budget rules again
+    else:  # ... drafting as soon as plain time makes room for a probe
+        assert not g.within_budget(4)
+    # that probe cost 249 plain steps more than plain decoding: the next waits for room for PROBE_ROOM_MAX of them,
+    # and after the granted probe for its excess too (9.96 s, less the 0.1 s its own 10 s add at 1 %), 0.4 ms a step
+    waited = waits_for_a_probe(g, 4, 0.04)
+    assert waited in (400, 401) if not history_probe else abs(waited - (9.96 - 0.1 + 0.16) / 0.0004) <= 2
+
+
+def test_a_history_probe_is_granted_once_per_history_step_and_not_at_the_start():
+    """Before any history step the budget rules (plain steps first); after one, the first drafting decision of any
+    bucket runs at once, and only the first: a drafting step ends the grant."""
+    g = SpecGovernor()
+    for _ in range(8):
+        g.observe(4, False, tokens=4, seconds=0.04)
+    assert not g.use_spec(4)  # no history step yet: room for a probe first
+    g.forget_drafting()
+    assert g.use_spec(16)  # another bucket, never measured: granted too
+    g.observe(16, True, tokens=16, seconds=0.2)
+    assert not g.within_budget(4) and not g.use_spec(4)  # the grant is spent
+    g.forget_drafting()
+    assert g.use_spec(4)  # the next history step grants the next one
 
 
 def waits_for_a_probe(g: SpecGovernor, bsz: int, plain_s: float) -> int:
@@ -196,7 +219,7 @@ def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
     """The room a probe of drafting waits for is the excess its bucket's drafting steps were measured to cost before
     they won (host work included); a bucket without a measurement takes the last one measured elsewhere, in plain
     steps, or, before any, the capped rows and the expected host work."""
-    g = SpecGovernor(GovernorConfig(explore_budget=0.02))
+    g = SpecGovernor(GovernorConfig(explore_budget=0.02, history_probe=False))
     assert waits_for_a_probe(g, 4, 0.04) == math.ceil(first_probe_room(4, 0.04) / (0.02 * 0.04))
     g.observe(4, True, tokens=4, seconds=0.04 * 3)  # the probe took three plain steps' time: two more
     g.forget_drafting()
@@ -212,7 +235,7 @@ def test_a_probe_waits_for_room_for_what_probes_were_measured_to_cost():
 def test_a_probe_waits_for_what_its_own_buckets_probe_cost_in_seconds():
     """Plain steps of 64 requests dominate the plain fit; a probe at 6 requests (an epoch's tail) that cost 2.5 ms more
     than its 9 tokens would have plainly: the next probe there waits for 2.5 ms of room, whatever the fit says."""
-    g = SpecGovernor()
+    g = SpecGovernor(GovernorConfig(history_probe=False))
     for _ in range(200):
         g.observe(64, False, tokens=64, seconds=0.003)
     for _ in range(8):
