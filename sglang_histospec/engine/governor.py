@@ -73,9 +73,11 @@ class GovernorConfig:
     """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
     history_probe: bool = True
     """After each new history step (``forget_drafting``), the first probe of drafting runs at once, without waiting
-    for room for it in the explore budget: the new history may pay where the last did not, and a short RL step
-    (a few hundred decode steps) ends before a fraction ``explore_budget`` of its decode time pays for a probe. What
-    it costs on top of the budget: one probe (its rows capped by ``probe_cost``) per history step."""
+    for room for it in the explore budget, and in each bucket the first drafting step replaces the drafting mean
+    instead of being averaged with it: the new history may pay where the last did not, a short RL step (a few
+    hundred decode steps) ends before a fraction ``explore_budget`` of its decode time pays for a probe, and a
+    probe averaged with the last history's losing ones loses even when it wins. What it costs on top of the budget:
+    one probe (its rows capped by ``probe_cost``) per history step."""
     explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
@@ -135,6 +137,7 @@ class _Bucket:
     log_ratio: float | None = None  # decayed mean of log(drafting / plain tokens/s), probes against the winner
     won: bool = False  # drafting was measured to win here at some history step (kept by forget_drafting)
     probe_excess: float | None = None  # decayed excess of its drafting steps before a win, seconds (kept)
+    fresh: bool = False  # the next drafting step replaces the drafting mean (the first of a new history)
 
     def spec_wins(self) -> bool:
         return self.rate[1] >= self.rate[0] if self.log_ratio is None else self.log_ratio >= 0.0
@@ -297,9 +300,10 @@ class SpecGovernor:
 
     def forget_drafting(self) -> None:
         """Let drafting be measured again at once in every bucket (call when the history changed: a new step's
-        drafts may pay where the last step's did not). One fresh drafting step per bucket, weighed as much as the
-        old mean, decides, so a drafter that still does not pay costs one step, not ``min_samples``. The explore
-        budget starts again, and with ``history_probe`` the first probe runs without waiting for room for it."""
+        drafts may pay where the last step's did not). One fresh drafting step per bucket decides, so a drafter that
+        still does not pay costs one step, not ``min_samples``; it is weighed as much as the old mean, or, with
+        ``history_probe``, replaces it, and the first probe runs without waiting for room for it. The explore
+        budget starts again."""
         self._flush()
         n = self.cfg.min_samples
         self._excess, self._decode_s = 0.0, 0.0
@@ -309,6 +313,7 @@ class SpecGovernor:
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
             b.last[1] = -(self.cfg.probe_every + 1)  # the next drafting step counts as stale: weight 0.5
+            b.fresh = self.cfg.history_probe  # ... or all of it
             b.log_ratio = None  # ... and the ratio restarts from the two means once it is in
 
     def observe(
@@ -399,12 +404,12 @@ class SpecGovernor:
             b.log_ratio = ratio if ratio >= 0.0 else -TRUST_MARGIN
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
-        keep = 0.0 if b.count[mode] == 0 else 0.5 if stale else self.cfg.decay
+        keep = 0.0 if b.count[mode] == 0 or (drafted and b.fresh) else 0.5 if stale else self.cfg.decay
         b.rate[mode] = keep * b.rate[mode] + (1.0 - keep) * rate
         b.count[mode] += 1
         b.last[mode] = b.steps
         if drafted:
-            b.probing = False
+            b.probing = b.fresh = False
 
     def _bucket_of(self, bsz: int) -> _Bucket:
         """The bucket of ``bsz``, created when new (without building a spare one each call: this runs every step)."""

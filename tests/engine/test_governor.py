@@ -185,6 +185,18 @@ def test_the_explore_budget_starts_again_at_each_history_step(history_probe):
     assert waited in (400, 401) if not history_probe else abs(waited - (9.96 - 0.1 + 0.16) / 0.0004) <= 2
 
 
+@pytest.mark.parametrize("history_probe, drafts", [(True, True), (False, False)])
+def test_a_new_historys_first_drafting_step_replaces_the_last_historys_mean(history_probe, drafts):
+    """Drafting lost by half on the last history; on the new one a first drafting step 10 % faster than plain steps
+    decides alone (averaged with the old mean, 0.5 * 50 + 0.5 * 110 < 100, it would lose)."""
+    g = SpecGovernor(GovernorConfig(history_probe=history_probe, explore_budget=math.inf))
+    run(g, 64, 4, spec_rate=50.0, plain_rate=100.0)
+    g.forget_drafting()
+    assert g.use_spec(4)  # the fresh probe
+    g.observe(4, True, tokens=4, seconds=4 / 110.0)
+    assert g.use_spec(4) == drafts and g.trusts_spec(4) == drafts
+
+
 def test_a_history_probe_is_granted_once_per_history_step_and_not_at_the_start():
     """Before any history step the budget rules (plain steps first); after one, the first drafting decision of any
     bucket runs at once, and only the first: a drafting step ends the grant."""
