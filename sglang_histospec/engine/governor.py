@@ -137,7 +137,6 @@ class _Bucket:
     log_ratio: float | None = None  # decayed mean of log(drafting / plain tokens/s), probes against the winner
     won: bool = False  # drafting was measured to win here at some history step (kept by forget_drafting)
     probe_excess: float | None = None  # decayed excess of its drafting steps before a win, seconds (kept)
-    fresh: bool = False  # the next drafting step replaces the drafting mean (the first of a new history)
 
     def spec_wins(self) -> bool:
         return self.rate[1] >= self.rate[0] if self.log_ratio is None else self.log_ratio >= 0.0
@@ -312,8 +311,8 @@ class SpecGovernor:
         for b in self._buckets.values():
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
-            b.last[1] = -(self.cfg.probe_every + 1)  # the next drafting step counts as stale: weight 0.5
-            b.fresh = self.cfg.history_probe  # ... or all of it
+            # the next drafting step counts as stale: weight 0.5, or, with history_probe, all (``_observe``)
+            b.last[1] = -(self.cfg.probe_every + 1)
             b.log_ratio = None  # ... and the ratio restarts from the two means once it is in
 
     def observe(
@@ -404,12 +403,13 @@ class SpecGovernor:
             b.log_ratio = ratio if ratio >= 0.0 else -TRUST_MARGIN
         b.steps += 1
         stale = b.steps - b.last[mode] > self.cfg.probe_every  # a probe after a long gap: weigh it as much as the past
-        keep = 0.0 if b.count[mode] == 0 or (drafted and b.fresh) else 0.5 if stale else self.cfg.decay
+        fresh = drafted and self.cfg.history_probe and b.last[1] < 0  # a new history's first: it replaces the mean
+        keep = 0.0 if b.count[mode] == 0 or fresh else 0.5 if stale else self.cfg.decay
         b.rate[mode] = keep * b.rate[mode] + (1.0 - keep) * rate
         b.count[mode] += 1
         b.last[mode] = b.steps
         if drafted:
-            b.probing = b.fresh = False
+            b.probing = False
 
     def _bucket_of(self, bsz: int) -> _Bucket:
         """The bucket of ``bsz``, created when new (without building a spare one each call: this runs every step)."""
