@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["cost", "all"],
         help="cost: the engine keeps the draft nodes that pay for their verify rows (measured online); all: keep all",
     )
+    parser.add_argument(
+        "--admission",
+        default="groups",
+        choices=["groups", "fifo"],
+        help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
+        "later samples start with a finished sibling in the history); fifo: arrival order",
+    )
     parser.add_argument("--budget-fixed", type=int, default=8, help="budget of the fixed policy")
     parser.add_argument(
         "--cost-limit",
@@ -258,6 +265,7 @@ def _make_engine(args, alg: str, batch: int, budget):
             seed=args.seed,
             budget=budget,
             draft_selection=args.draft_selection,
+            admission=args.admission,
         )
     )
 
@@ -339,6 +347,7 @@ def _setup(args, spec, batch: int, num_prompts: int, model_label: str, workload:
         "num_draft_tokens": args.num_draft_tokens,
         "budget": {"policy": cfg.policy, "fixed": cfg.fixed, "cost_limit": cfg.cost_limit},
         "draft_selection": args.draft_selection,
+        "admission": args.admission,
         "step_cost": spec.stats()["step_cost"],
         "model": model_label,
         "workload": workload,

@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight updates do not close the drafter's step (the trainer calls /histospec/end_step)",
     )
     parser.add_argument("--max-running-requests", type=int, default=64)
+    parser.add_argument(
+        "--admission",
+        default="groups",
+        choices=("groups", "fifo"),
+        help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
+        "later samples start with a finished sibling in the history); fifo: arrival order",
+    )
     parser.add_argument("--max-context-len", type=int, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
@@ -138,6 +145,7 @@ def _run_torch(args: argparse.Namespace) -> int:
             device=args.device,
             dtype=args.dtype,
             max_running_requests=args.max_running_requests,
+            admission=args.admission,
             max_context_len=args.max_context_len,
             speculative_algorithm=args.speculative_algorithm,
             num_draft_tokens=args.num_draft_tokens,

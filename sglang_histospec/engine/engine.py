@@ -109,7 +109,7 @@ class Engine:
         if self.selector.cut:  # the cut's step model is fitted before the first drafting step (engine/profile.py)
             points = profile_verify(self._fwd, self._cache, config.max_running_requests, config.num_draft_tokens)
             self.selector.seed_step_cost(points)
-        self.scheduler = Scheduler(config.max_running_requests, config.seed, self.eos_token_ids)
+        self.scheduler = Scheduler(config.max_running_requests, config.seed, self.eos_token_ids, config.admission)
         self.commit = Commit(
             self.drafter,
             self.budgets,

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # the core drafter types; imported lazily by the engine
 
 SPECULATIVE_ALGORITHMS = ("HISTOSPEC", "NONE")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ADMISSIONS = ("fifo", "groups")
+"""Admission orders of the engine's scheduler (``EngineConfig.admission``)."""
 
 
 def _check_token_ids(name: str, ids: Any, allow_empty: bool) -> None:
@@ -155,7 +157,12 @@ class EngineConfig:
     dtype: str = "auto"
     """"float32", "bfloat16", "float16" or "auto" (float32 on CPU, bfloat16 on CUDA)."""
     max_running_requests: int = 64
-    """Requests decoded together; more wait in a FIFO queue."""
+    """Requests decoded together; more wait in a queue (``admission``)."""
+    admission: str = "groups"
+    """Which waiting request a free slot takes: "groups" (the one whose prompt id has the fewest running samples,
+    in arrival order among equals: a GRPO group's later samples start once a sibling finished, with its response in
+    the history) or "fifo" (arrival order). Tokens do not depend on it: an unseeded request's stream is fixed by
+    its arrival (``engine/scheduler.py``)."""
     max_context_len: int | None = None
     """Prompt + generated tokens per request; None = the model's max_position_embeddings."""
     speculative_algorithm: str = "HISTOSPEC"
@@ -200,6 +207,8 @@ class EngineConfig:
             raise ValueError(
                 f"speculative_algorithm={self.speculative_algorithm!r}; use one of {', '.join(SPECULATIVE_ALGORITHMS)}"
             )
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission={self.admission!r}; use one of {', '.join(ADMISSIONS)}")
         if not isinstance(self.max_running_requests, int) or self.max_running_requests < 1:
             raise ValueError(f"max_running_requests={self.max_running_requests!r}; use an int >= 1")
         if self.max_context_len is not None and (

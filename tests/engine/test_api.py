@@ -292,3 +292,35 @@ def test_finished_responses_recorded_aborted_not(paths, alg):
         )[0]
         assert second.output_ids == first.output_ids
         assert second.spec_accepted_tokens >= 10 and second.spec_verify_ct <= 6
+
+
+def test_admission_order_keeps_each_requests_tokens(paths):
+    """Unseeded requests draw the stream of their arrival, so spreading a prompt's samples ("groups") changes which
+    request runs when, not what any request emits."""
+    out, started = {}, {}
+    for admission in ("fifo", "groups"):
+        engine = Engine(
+            EngineConfig(
+                model_path=paths["a"],
+                speculative_algorithm="HISTOSPEC",
+                max_running_requests=2,
+                admission=admission,
+                seed=3,
+            )  # fmt: skip
+        )
+        requests = [
+            req(f"{p}{k}", [1, 5 + i, 9], prompt_id=p, max_new_tokens=8 + 3 * k, ignore_eos=True, temperature=1.0)
+            for i, p in enumerate("ab")
+            for k in range(3)
+        ]
+        for r in requests:
+            engine.add_request(r)
+        results = engine.step()
+        started[admission] = [st.req.rid for st in engine.scheduler.running]
+        while engine.has_unfinished():
+            results += engine.step()
+        out[admission] = {r.rid: r.output_ids for r in results}
+    assert started == {"fifo": ["a0", "a1"], "groups": ["a0", "b0"]}
+    assert out["fifo"] == out["groups"] and len(out["fifo"]) == 6
+    with pytest.raises(ValueError, match="admission='random'"):
+        EngineConfig(model_path=paths["a"], admission="random")
