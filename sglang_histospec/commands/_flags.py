@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from sglang_histospec.engine.types import ADMISSIONS
+
 
 def parse_bool(text: str) -> bool:
     """``true/false`` (also 1/0, yes/no, on/off) as a bool; anything else is an argparse error."""
@@ -36,3 +38,14 @@ def config_from_flags(cls, args: argparse.Namespace, **overrides):
     """An instance of ``cls`` from the parsed flags (``overrides`` win)."""
     values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
     return cls(**{**values, **overrides})
+
+
+def add_admission_flag(parser: argparse.ArgumentParser) -> None:
+    """``--admission`` of the embedded engine (``EngineConfig.admission``), default ``groups``."""
+    parser.add_argument(
+        "--admission",
+        default="groups",
+        choices=ADMISSIONS,
+        help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
+        "later samples start with a finished sibling in the history); fifo: arrival order",
+    )

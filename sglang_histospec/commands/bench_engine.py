@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 
+from sglang_histospec.commands._flags import add_admission_flag
 from sglang_histospec.drafting.types import tau
 
 COMMAND = ("bench", "engine")
@@ -60,13 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["cost", "all"],
         help="cost: the engine keeps the draft nodes that pay for their verify rows (measured online); all: keep all",
     )
-    parser.add_argument(
-        "--admission",
-        default="groups",
-        choices=["groups", "fifo"],
-        help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
-        "later samples start with a finished sibling in the history); fifo: arrival order",
-    )
+    add_admission_flag(parser)
     parser.add_argument("--budget-fixed", type=int, default=8, help="budget of the fixed policy")
     parser.add_argument(
         "--cost-limit",

@@ -14,6 +14,8 @@ import importlib.util
 import logging
 import sys
 
+from sglang_histospec.commands._flags import add_admission_flag
+
 COMMAND = ("serve",)
 HELP = "serve the HTTP rollout API (SGLang /generate, history push, stats, metrics, weight updates)"
 
@@ -73,13 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight updates do not close the drafter's step (the trainer calls /histospec/end_step)",
     )
     parser.add_argument("--max-running-requests", type=int, default=64)
-    parser.add_argument(
-        "--admission",
-        default="groups",
-        choices=("groups", "fifo"),
-        help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
-        "later samples start with a finished sibling in the history); fifo: arrival order",
-    )
+    add_admission_flag(parser)
     parser.add_argument("--max-context-len", type=int, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")

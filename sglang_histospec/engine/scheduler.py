@@ -79,7 +79,7 @@ class Scheduler:
             return self.waiting.popleft()
         best, fewest = head, self._groups[head.prompt_id]
         for r in self.waiting:  # in arrival order: the first of the fewest running wins, and none beats 0
-            n = self._groups.get(r.prompt_id, 0) if r.prompt_id is not None else 0
+            n = self._groups.get(r.prompt_id, 0)  # (no prompt id: never counted, so 0)
             if n < fewest:
                 best, fewest = r, n
                 if not n:

@@ -306,7 +306,7 @@ def test_admission_order_keeps_each_requests_tokens(paths):
                 max_running_requests=2,
                 admission=admission,
                 seed=3,
-            )  # fmt: skip
+            )
         )
         requests = [
             req(f"{p}{k}", [1, 5 + i, 9], prompt_id=p, max_new_tokens=8 + 3 * k, ignore_eos=True, temperature=1.0)
