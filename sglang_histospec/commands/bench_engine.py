@@ -230,16 +230,19 @@ def _hf_epoch(model, token_ids, args, eos_ids, pad_id: int, epoch: int) -> tuple
     return time.perf_counter() - start, tokens, time.process_time() - cpu_start
 
 
-def _warm_up(engine, hf_model, token_ids, pad_id: int) -> None:
-    """A few short generations first, so that no measured epoch pays for the process's first forward passes
-    (allocations, kernel selection); they record no history (no prompt id)."""
+def _warm_up(engine, hf_model, token_ids, pad_id: int, args) -> None:
+    """Unmeasured generations first, so that no measured epoch pays for the process's first forward passes at the
+    workload's shapes (allocations, the KV cache's growth, oneDNN's kernels for each row count, which the engines of
+    one process share: without this the engine that meets a shape first pays for both): a full batch of the
+    workload's prompts to ``--max-new-tokens`` (a different seed, no prompt id, so no history is recorded)."""
     import torch
 
     from sglang_histospec.engine import GenerateRequest, SamplingParams
 
-    reqs = [GenerateRequest(rid=f"warm-{i}", input_ids=t, sampling=SamplingParams(max_new_tokens=8))
-            for i, t in enumerate(token_ids[:2])]  # fmt: skip
-    engine.generate(reqs)
+    n = min(args.batch, len(token_ids) * args.group_size)
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed + 1)
+    engine.generate([GenerateRequest(rid=f"warm-{i}", input_ids=token_ids[i % len(token_ids)], sampling=sampling)
+                     for i in range(n)])  # fmt: skip
     if hf_model is not None:
         with torch.inference_mode():
             hf_model.generate(torch.tensor([token_ids[0]]), max_new_tokens=4, do_sample=False, pad_token_id=pad_id)
@@ -360,7 +363,7 @@ def _run_batch(args, batch: int, model_label: str, budget) -> dict:
     tok = spec.tokenizer
     pad_id = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
     for engine in (spec, plain):
-        _warm_up(engine, hf_model if engine is spec else None, token_ids, pad_id)
+        _warm_up(engine, hf_model if engine is spec else None, token_ids, pad_id, args)
     rows = []
     last_plain = None
     for epoch in range(args.epochs):

@@ -72,12 +72,13 @@ class GovernorConfig:
     scale_prior: float = 4.0
     """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
     history_probe: bool = True
-    """After each new history step (``forget_drafting``), the first probe of drafting runs at once, without waiting
-    for room for it in the explore budget, and in each bucket the first drafting step replaces the drafting mean
-    instead of being averaged with it: the new history may pay where the last did not, a short RL step (a few
-    hundred decode steps) ends before a fraction ``explore_budget`` of its decode time pays for a probe, and a
-    probe averaged with the last history's losing ones loses even when it wins. What it costs on top of the budget:
-    one probe (its rows capped by ``probe_cost``) per history step."""
+    """After each new history step (``forget_drafting``), the explore budget is sized from the start by the decode
+    time of the history step that just ended (the next RL step is expected to last about as long), and in each
+    bucket the first drafting step replaces the drafting mean instead of being averaged with it: the new history
+    may pay where the last did not, a short RL step (a few hundred decode steps) ends before a fraction
+    ``explore_budget`` of its own decode time pays for a probe, and a probe averaged with the last history's losing
+    ones loses even when it wins. A probe whose measured cost the last step's budget does not cover (a small
+    model's steps of a few milliseconds, where a probe's host work is a large share) still waits for room."""
     explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
@@ -173,7 +174,7 @@ class SpecGovernor:
         self._excess = 0.0  # drafting steps' seconds beyond the plain fit's for their tokens, since the history step
         self._decode_s = 0.0  # seconds of every decode step since the history step
         self._probe_excess: float | None = None  # the last measured probe excess (any bucket), in plain steps
-        self._granted = False  # a probe of drafting may run without room for it (``history_probe``), until one ran
+        self._carry = 0.0  # decode seconds of the last history step: the budget's size from the start (history_probe)
         # a plain step costs the governor what it costs a plain engine, about nothing: its observation is queued
         # (``_flush`` folds them in, in order, before anything reads the state) and, while the budget is known to be
         # short, or the bucket's rules decode plainly until the next probe, ``use_spec`` counts down instead of
@@ -229,10 +230,10 @@ class SpecGovernor:
 
     def within_budget(self, bsz: int | None = None) -> bool:
         """Whether drafting may run now under ``explore_budget``: the plain fit measured and the excess within the
-        budget; for a step of ``bsz`` requests in a bucket where drafting was never measured to win, with room left
-        for a probe: the excess over the plain fit that its drafting steps were measured to cost before they won
-        (decayed; host work included, which the probe's row cap does not bound; ``_probe_room``), unless a new
-        history step granted a probe that has not run yet (``history_probe``)."""
+        budget (of the decode time since the last history step, or, with ``history_probe``, of the last history
+        step's if longer); for a step of ``bsz`` requests in a bucket where drafting was never measured to win, with
+        room left for a probe: the excess over the plain fit that its drafting steps were measured to cost before
+        they won (decayed; host work included, which the probe's row cap does not bound; ``_probe_room``)."""
         return self._room(bsz) >= 0.0
 
     def _room(self, bsz: int | None) -> float:
@@ -243,8 +244,8 @@ class SpecGovernor:
             return math.inf
         if not self._plain.ready:
             return -math.inf
-        room = self.cfg.explore_budget * self._decode_s - self._excess
-        if bsz is not None and not self._granted:
+        room = self.cfg.explore_budget * max(self._decode_s, self._carry) - self._excess
+        if bsz is not None:
             b = self._buckets.get(_bucket(bsz))
             if b is None or not b.won:  # a bucket where drafting never won: room for a probe
                 room -= self._probe_room(bsz, b)
@@ -301,13 +302,13 @@ class SpecGovernor:
         """Let drafting be measured again at once in every bucket (call when the history changed: a new step's
         drafts may pay where the last step's did not). One fresh drafting step per bucket decides, so a drafter that
         still does not pay costs one step, not ``min_samples``; it is weighed as much as the old mean, or, with
-        ``history_probe``, replaces it, and the first probe runs without waiting for room for it. The explore
-        budget starts again."""
+        ``history_probe``, replaces it. The explore budget starts again (with ``history_probe``, sized by the decode
+        time since the last history step)."""
         self._flush()
         n = self.cfg.min_samples
+        self._carry = self._decode_s if self.cfg.history_probe else 0.0
         self._excess, self._decode_s = 0.0, 0.0
         self._skip = 0
-        self._granted = self.cfg.history_probe
         for b in self._buckets.values():
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
@@ -344,7 +345,6 @@ class SpecGovernor:
             return
         self._flush()
         self._skip = 0  # the room changed: decide again
-        self._granted = False
         self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall)
 
     def credit(self, bsz: int, tokens: float, critical: int | None) -> float:
