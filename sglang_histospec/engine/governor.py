@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 from dataclasses import dataclass, field
 
 from sglang_histospec.drafting.draft_cut import StepCostConfig, StepCostModel
@@ -178,21 +179,26 @@ class SpecGovernor:
         # a plain step costs the governor what it costs a plain engine, about nothing: its observation is queued
         # (``_flush`` folds them in, in order, before anything reads the state) and, while the budget is known to be
         # short, or the bucket's rules decode plainly until the next probe, ``use_spec`` counts down instead of
-        # deciding again (``_skip`` steps left in bucket ``_skip_bucket``; ``_skip_rules``: that bucket, by its rules)
+        # deciding again, in each bucket on its own (a batch that moves between two buckets, 63 and 64 requests, keeps
+        # both countdowns): ``_skips[bucket] = (own steps left, last step it holds for, rules)``, ``rules`` the bucket
+        # when by its rules, None when by the budget; ``_steps`` counts the observed steps (any bucket's)
         self._queue: list[tuple[int, int, float, int, float]] = []
-        self._skip, self._skip_bucket = 0, 0
-        self._skip_rules: _Bucket | None = None
+        self._skips: dict[int, tuple[int, int, _Bucket | None]] = {}
+        self._steps = 0
         self._walls: collections.deque[float] = collections.deque(maxlen=WALL_WINDOW)  # the last plain steps' walls
         self._wall_hi = 0.0  # the longest of them: a countdown's bound on each step's wall time
 
     def use_spec(self, bsz: int) -> bool:
         """Whether the next step of a batch of ``bsz`` requests may draft."""
-        if self._skip > 0 and bsz.bit_length() == self._skip_bucket:  # decided already (``_countdown``)
-            self._skip -= 1
-            if self._skip_rules is None:
+        skip = self._skips.pop(bsz.bit_length(), None)
+        if skip is not None and self._steps < skip[1]:  # decided already (``_countdown``)
+            left, until, rules = skip
+            if left > 1:
+                self._skips[bsz.bit_length()] = (left - 1, until, rules)
+            if rules is None:
                 self.stats["budget_plain_steps"] += 1
             else:
-                self._skip_rules.since_probe += 1
+                rules.since_probe += 1
                 self.stats["governed_plain_steps"] += 1
             return False
         if not self.within_budget(bsz):
@@ -269,14 +275,17 @@ class SpecGovernor:
         """After a plain decision for ``bsz`` (by the budget, or by the rules of bucket ``rules``), the steps of the
         same bucket that ``use_spec`` may decide alike without deciding again: as many as certainly give the same
         decision (``_steps_plain``)."""
-        self._skip, self._skip_bucket, self._skip_rules = self._steps_plain(bsz, rules), _bucket(bsz), rules
+        own, steps = self._steps_plain(bsz, rules)
+        if min(own, steps) > 0:  # valid for the bucket's next ``own`` steps among the next ``steps`` of any bucket
+            self._skips[_bucket(bsz)] = (own, self._steps + steps + 1, rules)
 
-    def _steps_plain(self, bsz: int, rules: _Bucket | None) -> int:
-        """How many next steps of ``bsz``'s bucket certainly decode plainly as this one did, if they are plain: each
-        adds to the room at most ``explore_budget`` x the longest of the last ``WALL_WINDOW`` plain steps (a longer
-        one ends the countdown) and at least nothing, the bucket's smallest batch needs the least room for a probe
-        and its largest the most, and the plain fit, where it prices that room, is fixed until its next refit. By the
-        budget: while the room stays short; by the rules: until the next probe, while the room stays."""
+    def _steps_plain(self, bsz: int, rules: _Bucket | None) -> tuple[int, int]:
+        """``(own, steps)``: the next ``own`` steps of ``bsz``'s bucket, among the next ``steps`` steps of any bucket,
+        certainly decode plainly as this one did, if they are plain: each plain step (any bucket's) adds to the room
+        at most ``explore_budget`` x the longest of the last ``WALL_WINDOW`` plain steps (a longer one ends the
+        countdown) and at least nothing, the bucket's smallest batch needs the least room for a probe and its largest
+        the most, and the plain fit, where it prices that room, is fixed until its next refit. By the budget: while
+        the room stays short; by the rules: until the bucket's next probe, while the room stays."""
         b = rules if rules is not None else self._buckets.get(_bucket(bsz))
         # the room is priced by the plain fit (a budget, and a bucket whose probes were never measured nor won)
         fitted = math.isfinite(self.cfg.explore_budget) and (b is None or not (b.won or b.probe_excess is not None))
@@ -285,11 +294,13 @@ class SpecGovernor:
             short = -self._room(1 << (bsz.bit_length() - 1))
             grow = self.cfg.explore_budget * self._wall_hi
             steps = int(short / grow) - 1 if grow > 0.0 and math.isfinite(short) else 0  # (a step's margin)
+            own = steps
         else:
-            steps = rules.interval - rules.since_probe - 1
-            if steps > 0 and self._room((1 << bsz.bit_length()) - 1) < 0.0:
-                steps = 0
-        return max(0, int(min(steps, refit - 1)))
+            own = rules.interval - rules.since_probe - 1
+            if own > 0 and self._room((1 << bsz.bit_length()) - 1) < 0.0:
+                own = 0
+            steps = refit - 1 if math.isfinite(refit) else sys.maxsize  # other buckets' steps: until the refit
+        return max(0, int(min(own, refit - 1))), max(0, int(min(steps, refit - 1)))
 
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
@@ -308,7 +319,7 @@ class SpecGovernor:
         n = self.cfg.min_samples
         self._carry = self._decode_s if self.cfg.history_probe else 0.0
         self._excess, self._decode_s = 0.0, 0.0
-        self._skip = 0
+        self._skips.clear()
         for b in self._buckets.values():
             b.count[1] = min(b.count[1], n - 1)
             b.interval, b.since_probe, b.probing = 0, 0, False
@@ -333,18 +344,19 @@ class SpecGovernor:
         for a drafting step of a batch that nothing waits to join, its ``critical_progress``; its tokens then count
         as ``credit`` says.
         """
+        self._steps += 1
         if seconds <= 0.0 or bsz < 1:
             return
         wall = seconds if wall_s is None else wall_s
         if not drafted:  # folded in before anything reads the state: a plain step costs next to nothing here
             self._queue.append((bsz, tokens, seconds, prefill, wall))
             if wall > self._wall_hi:  # more room than the countdown assumed: check at the next step
-                self._skip = 0
+                self._skips.clear()
             if len(self._queue) >= PLAIN_QUEUE_MAX:
                 self._flush()
             return
         self._flush()
-        self._skip = 0  # the room changed: decide again
+        self._skips.clear()  # the room changed: decide again
         self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall)
 
     def credit(self, bsz: int, tokens: float, critical: int | None) -> float:
