@@ -83,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run each engine's whole epoch in turn (default: the two engines take decode steps in turn)",
     )
+    parser.add_argument(
+        "--aa",
+        action="store_true",
+        help="also step a second plain engine in turn and report its tokens/s over the first's per epoch (an A/A "
+        "ratio: the noise floor of this machine's side-by-side timing, beside the speedups)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
 
@@ -296,7 +302,9 @@ def _print_row(row: dict) -> None:
     print(
         f"epoch {row['epoch']}{' (fills history, not measured)' if row['epoch'] == 0 else ''}: "
         f"histospec {row['tokens_per_s_histospec']:.0f} tok/s (tau {row['tau']:.2f}), "
-        f"plain {row['tokens_per_s_plain']:.0f} tok/s" + (f", hf generate {hf:.0f} tok/s" if hf is not None else ""),
+        f"plain {row['tokens_per_s_plain']:.0f} tok/s"
+        + (f", hf generate {hf:.0f} tok/s" if hf is not None else "")
+        + (f", plain A/A {row['plain_aa_ratio']:.3f}" if "plain_aa_ratio" in row else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -310,7 +318,9 @@ def _speeds(rows: list[dict]) -> dict:
         vals = [r[key] for r in measured if r[key] is not None]
         return statistics.median(vals) if vals else None
 
+    aa = [r["plain_aa_ratio"] for r in rows if "plain_aa_ratio" in r]
     return {
+        **({"plain_aa_ratio_min": min(aa), "plain_aa_ratio_max": max(aa)} if aa else {}),
         "tokens_per_s_histospec": med("tokens_per_s_histospec"),
         "tokens_per_s_plain": med("tokens_per_s_plain"),
         "tokens_per_s_hf_generate": med("tokens_per_s_hf_generate"),
@@ -358,22 +368,25 @@ def _run_batch(args, batch: int, model_label: str, budget) -> dict:
     """Every epoch of the workload at one batch size; the JSON object of one result."""
     args = argparse.Namespace(**{**vars(args), "batch": batch})
     spec, plain = _make_engine(args, "HISTOSPEC", batch, budget), _make_engine(args, "NONE", batch, budget)
+    engines = [spec, plain] + ([_make_engine(args, "NONE", batch, budget)] if args.aa else [])
     prompt_ids, token_ids, workload = _prompts(args, spec.tokenizer, spec.vocab_size)
     hf_model = None if args.no_hf else spec.model  # the same weights, in HF's own generate loop
     tok = spec.tokenizer
     pad_id = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
-    for engine in (spec, plain):
+    for engine in engines:
         _warm_up(engine, hf_model if engine is spec else None, token_ids, pad_id, args)
     rows = []
     last_plain = None
     for epoch in range(args.epochs):
-        s_run, p_run = _engines_epoch([spec, plain], prompt_ids, token_ids, args, epoch)
+        s_run, p_run, *aa_run = _engines_epoch(engines, prompt_ids, token_ids, args, epoch)
         last_plain = p_run[2].pop("results")
         s_run[2].pop("results")
         hf_run = (0, 0, 0)  # (wall s, tokens, cpu s) of transformers generate; zeros with --no-hf
         if hf_model is not None:
             hf_run = _hf_epoch(hf_model, token_ids, args, spec.eos_token_ids, pad_id, epoch)
         rows.append(_epoch_row(epoch, s_run, p_run, hf_run))
+        if aa_run:  # the second plain engine's tokens/s over the first's
+            rows[-1]["plain_aa_ratio"] = aa_run[0][1] / aa_run[0][0] / rows[-1]["tokens_per_s_plain"]
         _print_row(rows[-1])
     out = {
         **_speeds(rows),

@@ -33,3 +33,14 @@ def test_speeds_are_medians_of_the_measured_epochs_and_the_minimum_counts_the_co
     assert out["speedup"] == 2.5 and out["speedup_cold"] == 0.5 and out["speedup_min"] == 0.5
     assert out["cpu_speedup"] == pytest.approx(5.0) and out["step_cost_ratio"] == 1.0
     assert out["tokens_per_s_hf_generate"] is None and out["tau"] == 1.5 and out["accept_rate"] == 0.5
+    assert "plain_aa_ratio_min" not in out  # no second plain engine (--aa)
+
+
+def test_speeds_report_the_range_of_the_plain_a_a_ratios_when_measured():
+    rows = [
+        _epoch_row(e, (1.0, 100, _info(1.0, 0, 0, 4)), (1.0, 100, _info(1.0, 0, 0, 4)), (0, 0, 0)) for e in range(3)
+    ]
+    for row, aa in zip(rows, [1.04, 0.97, 1.01]):
+        row["plain_aa_ratio"] = aa
+    out = _speeds(rows)
+    assert out["plain_aa_ratio_min"] == 0.97 and out["plain_aa_ratio_max"] == 1.04  # the cold epoch counts

@@ -33,14 +33,16 @@ def test_bench_engine_json_contract(tmp_path, capsys):
 def test_bench_engine_batch_sweep(tmp_path, capsys):
     path = make_tiny_model_dir(tmp_path / "m", arch="llama", vocab_size=96, seed=0)
     argv = ["bench", "engine", "--model", path, "--epochs", "2", "--num-prompts", "2", "--group-size", "2"]
-    argv += ["--batch", "1,3", "--max-new-tokens", "4", "--no-hf", "--json"]
+    argv += ["--batch", "1,3", "--max-new-tokens", "4", "--no-hf", "--aa", "--json"]
     with torch_threads(1):
         assert cli.main(argv) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["batch"] for r in out["sweep"]] == [1, 3]
+    for r in out["sweep"]:  # a second plain engine: the A/A ratio of each epoch (--aa)
+        assert all(e["plain_aa_ratio"] > 0 for e in r["per_epoch"]) and r["plain_aa_ratio_min"] > 0
     assert out["speedup_min"] == min(r["speedup_min"] for r in out["sweep"])
     with pytest.raises(SystemExit, match="comma list"):
-        cli.main(argv[:-4] + ["--batch", "1,x", "--json"])
+        cli.main(argv[:-5] + ["--batch", "1,x", "--json"])
 
 
 def test_bench_engine_demo_model_choices():
