@@ -80,6 +80,13 @@ class GovernorConfig:
     ``explore_budget`` of its own decode time pays for a probe, and a probe averaged with the last history's losing
     ones loses even when it wins. A probe whose measured cost the last step's budget does not cover (a small
     model's steps of a few milliseconds, where a probe's host work is a large share) still waits for room."""
+    wall_cap: float = 0.1
+    """A drafting step's decode seconds count in its bucket's rates (the decisions, not the budget) as at most
+    ``1 + wall_cap`` times what it should cost: the plain fit's step for its batch plus the cost beyond it that
+    the caller models (``observe``'s ``extra_s``: its extra rows and its drafting host work). One probe decides for
+    up to ``max_probe_interval`` steps, and a noise spike of the machine on it (a plain step of the same batch can
+    take twice its median) would switch drafting off that long. The explore budget counts the wall as measured,
+    so the guarantee stands. ``math.inf``: rates from the measured seconds."""
     explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
@@ -106,6 +113,8 @@ class GovernorConfig:
             )
         if not self.probe_cost > 0.0:
             raise ValueError(f"GovernorConfig.probe_cost={self.probe_cost}: use a value > 0 (math.inf: no cap)")
+        if not self.wall_cap >= 0.0:
+            raise ValueError(f"GovernorConfig.wall_cap={self.wall_cap}: use a value >= 0 (math.inf: no cap)")
         if not self.explore_budget >= 0.0:
             raise ValueError(f"GovernorConfig.explore_budget={self.explore_budget}: use a value >= 0 (math.inf: none)")
 
@@ -336,9 +345,11 @@ class SpecGovernor:
         prefill: int = 0,
         wall_s: float | None = None,
         critical: int | None = None,
+        extra_s: float | None = None,
     ) -> None:
         """Record one finished decode step: did it draft, tokens emitted, ``seconds`` of decoding (wall time less
         the modelled cost of its ``prefill`` merged prefill tokens) and its whole ``wall_s`` (default ``seconds``).
+        ``extra_s``: for a drafting step, what it should cost beyond a plain step (``rate_seconds``; None: no cap).
         The explore budget compares wall times: the plain fit's, with its own prefill cost, or, when less, the
         bucket's measured plain rate plus the step's modelled prefill share (``wall_s - seconds``). ``critical``:
         for a drafting step of a batch that nothing waits to join, its ``critical_progress``; its tokens then count
@@ -357,7 +368,20 @@ class SpecGovernor:
             return
         self._flush()
         self._skips.clear()  # the room changed: decide again
-        self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall)
+        rated = self.rate_seconds(bsz, seconds, extra_s)
+        self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall, rated)
+
+    def rate_seconds(self, bsz: int, seconds: float, extra_s: float | None) -> float:
+        """The decode seconds a drafting step of ``bsz`` requests counts in the rates: ``seconds``, at most ``1 +
+        wall_cap`` times the plain fit's step plus ``extra_s`` (``GovernorConfig.wall_cap``; as measured without
+        ``extra_s`` or before the fit is ready).
+
+        Example: a plain fit of 46 ms at batch 4, ``extra_s`` 16 ms and ``wall_cap`` 0.1 cap an 86-ms step at 68.2 ms.
+        """
+        self._flush()
+        if extra_s is None or not self._plain.ready or math.isinf(self.cfg.wall_cap):
+            return seconds
+        return min(seconds, (1.0 + self.cfg.wall_cap) * (self._plain.base_cost(bsz) + max(extra_s, 0.0)))
 
     def credit(self, bsz: int, tokens: float, critical: int | None) -> float:
         """The plain steps' tokens worth what a drafting step's ``tokens`` for ``bsz`` requests saved: all of them
@@ -383,8 +407,9 @@ class SpecGovernor:
             self._walls.extend(q[4] for q in queue)
             self._wall_hi = max(self._walls)  # the recent steps: a longer one ends the next countdown
 
-    def _observe(self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int, wall: float) -> None:
-        """``observe`` of one step, now."""
+    def _observe(self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int, wall: float,
+                 rated: float | None = None) -> None:  # fmt: skip
+        """``observe`` of one step, now; ``rated``: its decode seconds in the rates (default ``seconds``)."""
         self._decode_s += wall
         b = self._bucket_of(bsz)
         if not drafted:
@@ -404,7 +429,7 @@ class SpecGovernor:
                 b.probe_excess = cost if b.probe_excess is None else 0.5 * (b.probe_excess + cost)
                 self._probe_excess = cost / max(step, 1e-9)
         mode = int(bool(drafted))
-        rate = tokens / seconds
+        rate = tokens / (seconds if rated is None else rated)
         if b.log_ratio is not None and bool(drafted) != b.spec_wins() and b.rate[1 - mode] > 0.0 and rate > 0.0:
             r = math.log(rate / b.rate[0]) if mode else math.log(b.rate[1] / rate)  # the loser against the winner now
             b.log_ratio = 0.5 * b.log_ratio + 0.5 * r

@@ -93,6 +93,8 @@ class Selection:
     """The drafter was asked (some budget > 0): a step with drafting work."""
     predicted: float = 0.0
     """Sum of the calibrated (unscaled) path probabilities of the verified nodes, when the cut weighed them."""
+    host_s: float = 0.0
+    """Seconds from the step's start to the end of its selection (the drafting host work), when it drafted."""
 
 
 class DraftSelector:
@@ -198,8 +200,9 @@ class DraftSelector:
         nodes, owner, parents = _tree_nodes(flat, pack_flat(flat, keep, self.vocab_size), ask)
         tb = TreeBatch.from_nodes(roots, owner, flat.tokens[nodes], parents)
         predicted = 0.0 if probs is None else float(probs[nodes].sum())
-        self._draft_s = 0.9 * self._draft_s + 0.1 * (time.perf_counter() - started)
-        return Selection(tb, flat, nodes, True, predicted)
+        host_s = time.perf_counter() - started
+        self._draft_s = 0.9 * self._draft_s + 0.1 * host_s
+        return Selection(tb, flat, nodes, True, predicted, host_s)
 
     def acceptance_scale(self) -> float:
         """Accepted over predicted verified nodes, decayed, from ``scale_prior`` nodes of ratio 1 (1.0 without the
@@ -265,11 +268,18 @@ class DraftSelector:
         seconds = time.perf_counter() - started
         prefill_s = self.step_cost.prefill_cost() * prefill if prefill else 0.0  # modelled (no refit when none)
         decode_s = max(seconds - prefill_s, 1e-6)
+        # what a drafting step should cost beyond a plain one: its extra rows by the step model, its host work
+        extra = (
+            (sel.tb.num_rows - bsz) * self.step_cost.row_cost() + sel.host_s
+            if sel.drafted and self.step_cost.ready
+            else None
+        )
         if len(sel.nodes):  # what was accepted calibrates the drafted probabilities
             accepted = self._learn(sel, walks)
             if sel.predicted > 0.0 and self.governor is not None:
                 credit = self.governor.credit(bsz, emitted, critical)  # what the step saved, in plain tokens
-                self._learn_scale(sel, accepted, credit - (emitted - accepted), bsz, credit / decode_s)
+                rated = self.governor.rate_seconds(bsz, decode_s, extra)
+                self._learn_scale(sel, accepted, credit - (emitted - accepted), bsz, credit / rated)
         if sel.drafted:  # steps that drafted: a paused step has no drafting work and would bias the fit
             self.step_cost.observe(bsz, sel.tb.num_rows, seconds, prefill=prefill)
         elif self._pause > 0:
@@ -277,7 +287,7 @@ class DraftSelector:
             self.stats["paused_steps"] += 1
         if self.governor is not None:  # measured tokens/s
             self.governor.observe(
-                bsz, sel.drafted, emitted, decode_s, prefill=prefill, wall_s=seconds, critical=critical
+                bsz, sel.drafted, emitted, decode_s, prefill=prefill, wall_s=seconds, critical=critical, extra_s=extra
             )
 
     def _learn_scale(self, sel: Selection, accepted: int, saved: float, bsz: int, rate: float) -> None:

@@ -64,7 +64,12 @@ def test_buckets_by_batch_size_are_independent():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"min_samples": 0}, "min_samples"), ({"decay": 1.0}, "decay"), ({"max_probe_interval": 4}, "max_probe")],
+    [
+        ({"min_samples": 0}, "min_samples"),
+        ({"decay": 1.0}, "decay"),
+        ({"max_probe_interval": 4}, "max_probe"),
+        ({"wall_cap": -0.1}, "wall_cap"),
+    ],
 )
 def test_bad_config_is_a_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -304,9 +309,9 @@ def test_critical_progress_is_how_far_the_caps_bound_on_the_end_moved(rooms, emi
     assert critical_progress(rooms, emitted) == progress
 
 
-def fitted(a: float, b: float) -> SpecGovernor:
+def fitted(a: float, b: float, cfg: GovernorConfig | None = None) -> SpecGovernor:
     """A governor whose plain fit is ``a + b * bsz`` seconds a step (plain steps of 4 and 16 requests)."""
-    g = SpecGovernor()
+    g = SpecGovernor(cfg)
     for _ in range(8):
         for bsz in (4, 16):
             g.observe(bsz, False, tokens=bsz, seconds=a + b * bsz)
@@ -403,3 +408,26 @@ def test_a_stretch_of_short_budget_steps_checks_the_budget_rarely(monkeypatch, s
         used.append(spec)
     assert 0 < sum(used) < 20 and g.stats["budget_plain_steps"] > 900
     assert len(checks) < len({bsz.bit_length() for bsz in sizes}) * 1000 / 4  # each bucket's own countdowns
+
+
+@pytest.mark.parametrize(
+    "wall_cap, extra_s, rated",
+    [
+        (0.1, 0.016, 1.1 * (0.034 + 0.016)),  # an 86-ms spike counts as 1.1 x (a plain step + its extra cost)
+        (0.1, None, 0.086),  # nothing modelled: as measured
+        (math.inf, 0.016, 0.086),  # no cap
+        (0.1, 0.05, 0.086),  # within the cap: as measured
+    ],
+)
+def test_a_drafting_steps_rate_counts_at_most_its_modelled_cost(wall_cap, extra_s, rated):
+    """A noise spike on one probe must not decide drafting off for many steps: the rates see a drafting step's decode
+    seconds at most ``1 + wall_cap`` times the plain fit's step plus the cost the caller models beyond it, while the
+    explore budget counts the wall as measured."""
+    g, ref = (fitted(0.01, 0.006, GovernorConfig(wall_cap=wall_cap)) for _ in range(2))  # 34 ms at batch 4
+    for gov in (g, ref):
+        gov.forget_drafting()
+    assert g.rate_seconds(4, 0.086, extra_s) == pytest.approx(rated)
+    g.observe(4, True, tokens=7, seconds=0.086, extra_s=extra_s)
+    ref.observe(4, True, tokens=7, seconds=0.086)
+    assert g.rates()[3][1] == pytest.approx(7 / rated)
+    assert g.within_budget() == ref.within_budget() and g._excess == ref._excess  # the budget: the measured wall
