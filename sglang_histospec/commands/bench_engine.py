@@ -240,11 +240,14 @@ def _warm_up(engine, hf_model, token_ids, pad_id: int, args) -> None:
     """Unmeasured generations first, so that no measured epoch pays for the process's first forward passes at the
     workload's shapes (allocations, the KV cache's growth, oneDNN's kernels for each row count, which the engines of
     one process share: without this the engine that meets a shape first pays for both): a full batch of the
-    workload's prompts to ``--max-new-tokens`` (a different seed, no prompt id, so no history is recorded)."""
+    workload's prompts to ``--max-new-tokens`` (a different seed, no prompt id, so no history is recorded), after
+    sizing the KV cache for the longest request (``Engine.reserve``; its growth copies the whole cache, seconds at
+    batch 64, and would land in whichever epoch first reaches a new length, on one engine and not the other)."""
     import torch
 
     from sglang_histospec.engine import GenerateRequest, SamplingParams
 
+    engine.reserve(max(len(t) for t in token_ids) + args.max_new_tokens)  # no cache growth in a measured epoch
     n = min(args.batch, len(token_ids) * args.group_size)
     sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed + 1)
     engine.generate([GenerateRequest(rid=f"warm-{i}", input_ids=token_ids[i % len(token_ids)], sampling=sampling)

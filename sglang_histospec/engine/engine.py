@@ -276,7 +276,7 @@ class Engine:
     def stats(self) -> dict:
         """Counters: requests_total, requests_finished, requests_aborted, requests_running, requests_waiting,
         prompt_tokens, generated_tokens, verify_steps (request-steps), forward_passes, draft_tokens,
-        accepted_tokens, tau (generated tokens per request-step), accept_rate, drafter stats under "drafter", the
+        accepted_tokens, weight_updates, kv_cache_growths (times the KV cache grew, ``reserve``), tau (generated tokens per request-step), accept_rate, drafter stats under "drafter", the
         cost-aware cut's models under "step_cost" (ready, row_cost_s, calibration bins, draft_pauses: times the
         cut stopped drafting for ``pause_steps`` steps, paused_steps), speculative_algorithm,
         weight_version, model_path, device."""
@@ -295,6 +295,7 @@ class Engine:
                 "draft_tokens",
                 "accepted_tokens",
                 "weight_updates",
+                "kv_cache_growths",
             )
         }
         out.update(
@@ -381,7 +382,7 @@ class Engine:
         kv = np.array([st.kv_len for st in rows], dtype=np.int64)
         pre = np.array([st.pending for st in rows], dtype=np.int64)
         inputs = build_inputs([st.tokens for st in rows], kv, pre)
-        self._cache.ensure(len(running), inputs.num_keys)
+        self._ensure_cache(len(running), inputs.num_keys)
         self._forward(inputs, slot_start=start)
         for st, m in zip(rows, pre.tolist()):
             st.kv_len += m
@@ -395,7 +396,7 @@ class Engine:
         prefill = int(pre.sum())
         sel = self.selector.select(running, prefill, started)
         inputs = build_inputs([st.tokens for st in running], kv, pre, sel.tb)
-        self._cache.ensure(len(running), inputs.num_keys)
+        grown = self._ensure_cache(len(running), inputs.num_keys)
         hidden = self._forward(inputs, slot_start=0)
         if inputs.ids.shape[1] > 1:  # [R, H]: the root and draft rows, in (request, node) order
             hidden = hidden[torch.from_numpy(inputs.tree_cols()).to(self.device)]
@@ -407,7 +408,27 @@ class Engine:
             rooms = [st.req.sampling.max_new_tokens - len(st.output) for st in running]
             critical = critical_progress(rooms, [len(w.tokens) for w in verdict.walks])
         emitted = self.commit.step(running, sel.tb, verdict.walks, verdict.logprobs, inputs.base)
-        self.selector.observe(sel, verdict.walks, len(running), prefill, emitted, started, critical)
+        # the step is timed without the cache's growth: a one-off that a plain engine pays at the same capacities
+        self.selector.observe(sel, verdict.walks, len(running), prefill, emitted, started + grown, critical)
+
+    def _ensure_cache(self, slots: int, tokens: int) -> float:
+        """``KVCache.ensure``; returns the seconds it took when the cache grew (a copy of every cached token), else 0."""
+        cache = self._cache
+        if slots <= cache.slots and tokens <= cache.capacity:
+            return 0.0
+        start = time.perf_counter()
+        cache.ensure(slots, tokens)
+        self._stats["kv_cache_growths"] += 1
+        return time.perf_counter() - start
+
+    def reserve(self, tokens: int) -> None:
+        """Grow the KV cache now so that every slot holds ``tokens`` tokens and a draft tree: a server (or a
+        benchmark) that knows its longest request avoids growing the cache, which copies every cached token, in the
+        middle of a step. Example: ``engine.reserve(max_prompt_len + max_new_tokens)``."""
+        if tokens < 1:
+            raise ValueError(f"reserve(tokens={tokens!r}): give the longest request's prompt plus new tokens, >= 1")
+        need = min(tokens + self.config.num_draft_tokens + 1, self._cache.max_capacity)
+        self._ensure_cache(self.config.max_running_requests, need)
 
     def _forward(self, inputs: StepInputs, slot_start: int) -> torch.Tensor:
         """One counted forward pass on host arrays (``TreeForward.forward``); row b is cache slot

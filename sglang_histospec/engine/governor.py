@@ -86,7 +86,8 @@ class GovernorConfig:
     the caller models (``observe``'s ``extra_s``: its extra rows and its drafting host work). One probe decides for
     up to ``max_probe_interval`` steps, and a noise spike of the machine on it (a plain step of the same batch can
     take twice its median) would switch drafting off that long. The explore budget counts the wall as measured,
-    so the guarantee stands. ``math.inf``: rates from the measured seconds."""
+    so the guarantee stands (the room a bucket's next probe waits for, a prediction of its cost, is measured on the
+    capped seconds too). ``math.inf``: rates from the measured seconds."""
     explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
@@ -425,6 +426,8 @@ class SpecGovernor:
             if not b.won:  # what a probe costs here: the room the next one waits for (and other buckets', in steps)
                 if measured is not None:  # a plain step here as measured, when longer than the fit
                     step = max(step, measured)
+                if rated is not None:  # a spike beyond ``wall_cap`` predicts nothing of the next probe's cost
+                    excess -= seconds - rated
                 cost = min(max(excess, 0.0), PROBE_ROOM_MAX * step)
                 b.probe_excess = cost if b.probe_excess is None else 0.5 * (b.probe_excess + cost)
                 self._probe_excess = cost / max(step, 1e-9)

@@ -431,3 +431,18 @@ def test_a_drafting_steps_rate_counts_at_most_its_modelled_cost(wall_cap, extra_
     ref.observe(4, True, tokens=7, seconds=0.086)
     assert g.rates()[3][1] == pytest.approx(7 / rated)
     assert g.within_budget() == ref.within_budget() and g._excess == ref._excess  # the budget: the measured wall
+
+
+def test_a_spiked_probe_makes_the_next_wait_only_as_long_as_its_capped_cost():
+    """The room a bucket's next probe waits for predicts that probe's cost: a one-off spike (the machine's noise)
+    beyond ``wall_cap`` does not raise it above that of a probe at the capped time; the budget still counts the
+    spike (the explore budget's excess is the measured wall's)."""
+    rooms, excess = [], []
+    for seconds, extra_s in [(0.6, 0.016), (1.1 * (0.034 + 0.016), None)]:
+        g = fitted(0.01, 0.006)
+        g.forget_drafting()
+        g.observe(4, True, tokens=4, seconds=seconds, extra_s=extra_s)
+        rooms.append(g._probe_room(4, g._buckets[3]))
+        excess.append(g._excess)
+    assert rooms[0] == pytest.approx(rooms[1]) and rooms[0] > 0
+    assert excess[0] > excess[1] + 0.5  # the spike's 0.545 s: in the budget
