@@ -403,10 +403,27 @@ class SpecGovernor:
         """Fold the queued plain steps in, in order."""
         if self._queue:
             queue, self._queue = self._queue, []
-            for bsz, tokens, seconds, prefill, wall in queue:
-                self._observe(bsz, False, tokens, seconds, prefill, wall)
+            self._fold_plain(queue)
             self._walls.extend(q[4] for q in queue)
             self._wall_hi = max(self._walls)  # the recent steps: a longer one ends the next countdown
+
+    def _fold_plain(self, queue: list[tuple[int, int, float, int, float]]) -> None:
+        """``_observe`` of each queued plain step ``(bsz, tokens, seconds, prefill, wall)``, in order: the same
+        updates, inlined (a plain step must cost the governor about nothing; tests/engine/test_governor.py checks
+        the two agree)."""
+        self._plain.observe_plain([(q[0], q[3], q[4]) for q in queue])
+        every, decay = self.cfg.probe_every, self.cfg.decay
+        for bsz, tokens, seconds, _, wall in queue:
+            self._decode_s += wall
+            b = self._bucket_of(bsz)
+            rate = tokens / seconds
+            if b.log_ratio is not None and b.spec_wins() and b.rate[1] > 0.0 and rate > 0.0:  # the loser, now
+                b.log_ratio = 0.5 * b.log_ratio + 0.5 * math.log(b.rate[1] / rate)
+            b.steps += 1
+            keep = 0.0 if b.count[0] == 0 else 0.5 if b.steps - b.last[0] > every else decay
+            b.rate[0] = keep * b.rate[0] + (1.0 - keep) * rate
+            b.count[0] += 1
+            b.last[0] = b.steps
 
     def _observe(self, bsz: int, drafted: bool, tokens: int, seconds: float, prefill: int, wall: float,
                  rated: float | None = None) -> None:  # fmt: skip

@@ -189,10 +189,10 @@ class DraftSelector:
         """Draft, cut and pack the trees of a step that also carries ``prefill`` merged prefill tokens;
         ``started`` is the step's ``time.perf_counter()`` start (the drafting time is measured from it)."""
         budgets = self.step_budgets(running)
-        ask = [i for i, b in enumerate(budgets) if b > 0]
         roots = [st.tokens[-1] for st in running]
-        if not ask:
+        if not any(budgets):  # a plain step (most steps where drafting does not pay): as cheap as the plain engine's
             return Selection(TreeBatch.build([None] * len(running), roots), None, _NO_NODES, False)
+        ask = [i for i, b in enumerate(budgets) if b > 0]
         limits = [budgets[i] for i in ask]
         tell_drafter(self.drafter, [running[i] for i in ask])  # what they emitted since the drafter last heard
         flat = FlatDrafts.of(self.drafter.draft_batch([running[i].req.rid for i in ask], limits), limits)

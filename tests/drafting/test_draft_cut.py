@@ -211,6 +211,27 @@ def test_buffered_sums_match_step_by_step_reference(steps, refit_every):
     np.testing.assert_allclose(model._xy, xy, rtol=1e-9, atol=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.integers(1, 64), st.integers(0, 400), st.floats(0.0, 0.1)), max_size=200),
+    chunk=st.integers(1, 70),
+    refit_every=st.integers(1, 12),
+)
+def test_observe_plain_is_observe_of_each_step(steps, chunk, refit_every):
+    """``observe_plain`` of a list of plain steps leaves the model as ``observe`` of each, in chunks and with refits
+    in between: the same sums, counts, staleness and fit."""
+    cfg = StepCostConfig(refit_every=refit_every, min_steps=3)
+    one, many = StepCostModel(cfg), StepCostModel(cfg)
+    for start in range(0, len(steps), chunk):
+        part = steps[start : start + chunk]
+        for batch, prefill, seconds in part:
+            one.observe(batch, batch, seconds, prefill=prefill)
+        many.observe_plain(part)
+        assert (one._n, one._steps, one._since_fit, one._stale) == (many._n, many._steps, many._since_fit, many._stale)
+        assert one.base_cost(4) == many.base_cost(4) and one.prefill_cost() == many.prefill_cost()
+    assert one._xx.tolist() == many._xx.tolist() and one._xy.tolist() == many._xy.tolist()
+
+
 @pytest.mark.parametrize("weight", [1.0, 0.25, 3.0])
 def test_refits_come_after_1_2_4_steps_then_every_refit_every_whatever_the_weights(weight):
     """The early refit schedule counts observations, not their weights."""

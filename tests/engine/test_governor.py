@@ -347,10 +347,15 @@ def test_drafting_that_does_not_move_a_drains_end_loses_to_plain_steps():
 
 
 class EagerGovernor(SpecGovernor):
-    """The reference: decides at every step (no countdown over steps whose decision it knows)."""
+    """The reference: decides at every step (no countdown over steps whose decision it knows) and folds each queued
+    plain step in with ``_observe`` (not the inlined ``_fold_plain``)."""
 
     def _steps_plain(self, bsz: int, rules) -> tuple[int, int]:
         return 0, 0
+
+    def _fold_plain(self, queue) -> None:
+        for bsz, tokens, seconds, prefill, wall in queue:
+            self._observe(bsz, False, tokens, seconds, prefill, wall)
 
 
 @settings(max_examples=200, deadline=None)
@@ -370,8 +375,9 @@ class EagerGovernor(SpecGovernor):
 )
 def test_counting_down_known_plain_steps_decides_as_deciding_every_step(stretches, budget, seed):
     """The countdowns over steps whose plain decision is known (the budget short, or the bucket's rules before the
-    next probe) and the queue of plain observations change no decision and no measurement: the same steps give the
-    same decisions, stats and rates as the reference, which decides at every step."""
+    next probe), the queue of plain observations and its inlined fold change no decision and no measurement: the
+    same steps give the same decisions, stats, rates and plain fit as the reference, which decides at every step
+    and observes each plain step on its own."""
     rng = random.Random(seed)
     fast, eager = (cls(GovernorConfig(explore_budget=budget)) for cls in (SpecGovernor, EagerGovernor))
     for bsz, length, slowdown, new_history in stretches:
@@ -385,9 +391,11 @@ def test_counting_down_known_plain_steps_decides_as_deciding_every_step(stretche
             assert spec == eager.use_spec(n), k
             jitter = rng.choice([1.0, 1.0, 1.0, rng.uniform(0.8, 1.6)])  # runs of equal steps, and outliers
             seconds = (0.002 + 1e-4 * n) * jitter * (slowdown if spec else 1.0)
+            prefill = rng.choice([0, 0, 0, rng.randrange(1, 64)])  # merged prefills, priced by the plain fit
             for g in (fast, eager):
-                g.observe(n, spec, tokens=n, seconds=seconds)
+                g.observe(n, spec, tokens=n, seconds=seconds, prefill=prefill, wall_s=seconds * (1 + prefill / 500))
     assert fast.stats == eager.stats and fast.rates() == eager.rates()
+    assert fast._plain._coef.tolist() == eager._plain._coef.tolist() and fast._decode_s == eager._decode_s
     assert fast.within_budget() == eager.within_budget()
 
 
