@@ -74,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="weight updates do not close the drafter's step (the trainer calls /histospec/end_step)",
     )
+    parser.add_argument(
+        "--no-freeze-gc",
+        dest="freeze_gc",
+        action="store_false",
+        help="keep the startup objects in garbage collection (default: frozen once the engine is built)",
+    )
     parser.add_argument("--max-running-requests", type=int, default=64)
     add_admission_flag(parser)
     parser.add_argument("--max-context-len", type=int, default=None)
@@ -156,6 +162,7 @@ def _run_torch(args: argparse.Namespace) -> int:
                 history_dir=args.history_dir,
                 snapshot_debounce_s=args.snapshot_debounce_s,
                 end_step_on_weight_update=args.end_step_on_weight_update,
+                freeze_gc=args.freeze_gc,
             )
         )
     except ValueError as exc:

@@ -303,7 +303,12 @@ class SpecGovernor:
         if rules is None:
             short = -self._room(1 << (bsz.bit_length() - 1))
             grow = self.cfg.explore_budget * self._wall_hi
-            steps = int(short / grow) - 1 if grow > 0.0 and math.isfinite(short) else 0  # (a step's margin)
+            if not math.isfinite(short):  # the plain fit not ready: decide again at the next step
+                steps = 0
+            elif grow > 0.0:
+                steps = int(short / grow) - 1  # (a step's margin)
+            else:  # no budget (explore_budget 0): plain steps add no room, plain until the refit or a history step
+                steps = sys.maxsize
             own = steps
         else:
             own = rules.interval - rules.since_probe - 1

@@ -47,6 +47,9 @@ class TorchBackendConfig:
     """Seconds between the first change not in a snapshot and the snapshot that compacts the log."""
     end_step_on_weight_update: bool = True
     """A weight update closes the drafter's open step (see :class:`TorchBackend`)."""
+    freeze_gc: bool = False
+    """Freeze the objects alive once the engine is built (``engine/heap.py``), so that full garbage collections
+    skip them; for a process of its own (``histospec serve`` sets it), not for one that builds many backends."""
 
 
 def _parse_step(version: str | None) -> int | None:
@@ -95,6 +98,10 @@ class TorchBackend:
         )
         self._weight_version = str(self.engine.weight_version or "default")
         self.loop = EngineLoop(self.engine, history=self.history, snapshot_debounce_s=config.snapshot_debounce_s)
+        if config.freeze_gc:
+            from sglang_histospec.engine.heap import freeze_startup_heap
+
+            logger.info("froze %d startup objects out of garbage collection", freeze_startup_heap())
         self.loop.start()
 
     def begin_shutdown(self) -> None:
