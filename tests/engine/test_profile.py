@@ -49,3 +49,18 @@ def test_the_cut_is_ready_before_the_first_step(tmp_path, selection, ready):
     assert engine.step_cost.ready is ready
     if ready:
         assert engine.step_cost.row_cost() >= 0.0 and engine.step_cost.base_cost(8) > 0.0
+
+
+def test_the_profile_leaves_the_cache_as_a_plain_engine_has_it(tmp_path):
+    """The dummy passes grow the cache; the engine drops it after them, so that a reserve sizes a HistoSpec engine's
+    cache as a plain engine's (a doubled capacity would give the two other memory layouts)."""
+    model = make_tiny_model_dir(tmp_path / "m")
+    with torch_threads(1):
+        engines = [
+            Engine(EngineConfig(model_path=model, max_running_requests=8, speculative_algorithm=alg))
+            for alg in ("HISTOSPEC", "NONE")
+        ]
+        assert engines[0].step_cost.ready and [e._cache.capacity for e in engines] == [0, 0]
+        for e in engines:
+            e.reserve(40)
+    assert [(e._cache.slots, e._cache.capacity) for e in engines] == [(8, 64), (8, 64)]
