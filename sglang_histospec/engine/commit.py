@@ -16,8 +16,6 @@ K/V move from 12 and 15 to 11 and 12, so the request's cache ends with the root 
 from __future__ import annotations
 
 import collections
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,9 +23,6 @@ import torch
 from sglang_histospec.engine.request import RequestState
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 from sglang_histospec.engine.types import GenerateResult
-
-FINISH_DECAY = 0.9
-"""Weight of the past in the decayed mean finish time of requests that never drafted (``Commit``'s baseline)."""
 
 
 def emit(st: RequestState, walk: WalkResult, logprobs: list[float] | None) -> int:
@@ -75,12 +70,7 @@ class Commit:
 
     ``speculate``: the budgets forget finished ones;
     ``adaptive``: the budgets learn each step's depth and accepted length; ``record_responses``: finished
-    responses of requests with a prompt id go to the drafter's history.
-
-    The drafter's share of finishing a request that drafted (it hears the last tokens and resolves the pending
-    drafts' outcomes) is drafting work a plain engine never does, and it falls outside the decode steps the governor
-    times: ``finish`` measures it against the mean finish of requests that never drafted and hands the excess to
-    ``charge`` (seconds; the engine passes ``DraftSelector.charge``), when given."""
+    responses of requests with a prompt id go to the drafter's history."""
 
     def __init__(
         self,
@@ -93,7 +83,6 @@ class Commit:
         speculate: bool,
         adaptive: bool,
         record_responses: bool,
-        charge: Callable[[float], None] | None = None,
     ) -> None:
         self.drafter = drafter
         self.budgets = budgets
@@ -103,10 +92,6 @@ class Commit:
         self.speculate = speculate
         self.adaptive = adaptive
         self.record_responses = record_responses
-        self.charge = charge
-        self._plain_finish_s: float | None = (
-            None  # decayed mean drafter time of finishing a request that never drafted
-        )
 
     def step(
         self,
@@ -148,16 +133,6 @@ class Commit:
             self.cache.move_tokens(slot, src, dst)
         return step_emitted
 
-    def _account_finish(self, drafted: bool, seconds: float) -> None:
-        """Charge what finishing a request that drafted cost beyond the mean of those that did not (see the class)."""
-        if self.charge is None:
-            return
-        if not drafted:
-            mean = self._plain_finish_s
-            self._plain_finish_s = seconds if mean is None else FINISH_DECAY * mean + (1.0 - FINISH_DECAY) * seconds
-        elif self._plain_finish_s is not None and seconds > self._plain_finish_s:
-            self.charge(seconds - self._plain_finish_s)
-
     def finish(self, st: RequestState) -> GenerateResult:
         """Close a finished (or aborted) request in the drafter and the budgets and build its result."""
         req = st.req
@@ -167,11 +142,9 @@ class Commit:
             self.stats["requests_aborted"] += 1
         else:
             if self.record_responses and req.prompt_id is not None:
-                started = time.perf_counter()
                 if self.speculate and st.draft_ct:  # its last drafts learn from the whole response
                     tell_drafter(self.drafter, [st])
                 self.drafter.finish(rid, list(st.output))
-                self._account_finish(bool(self.speculate and st.draft_ct), time.perf_counter() - started)
             else:
                 self.drafter.abort(rid)
             self.stats["requests_finished"] += 1

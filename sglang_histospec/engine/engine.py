@@ -123,7 +123,6 @@ class Engine:
             speculate=speculate,
             adaptive=adaptive,
             record_responses=config.record_responses,
-            charge=self.selector.charge if self.selector.cut else None,
         )
         self._done: list[GenerateResult] = []  # finished outside step() (aborts of queued requests, generate())
         self._started = time.time()

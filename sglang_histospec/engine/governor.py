@@ -91,8 +91,7 @@ class GovernorConfig:
     explore_budget: float = 0.01
     """The guarantee behind the buckets' decisions: since the last history step, drafting steps together may have
     run at most this fraction of the engine's decode time longer than plain steps would have taken for the tokens
-    they emitted (by a fit of this engine's own plain steps, which come first), the drafting work done outside
-    them included (``charge``: finishing requests that drafted); past it, every step decodes plainly
+    they emitted (by a fit of this engine's own plain steps, which come first); past it, every step decodes plainly
     until the time of later steps makes room again (a drafting step that wins adds room). ``math.inf``: no limit."""
 
     def __post_init__(self) -> None:
@@ -179,7 +178,7 @@ class SpecGovernor:
     def __init__(self, config: GovernorConfig | None = None) -> None:
         self.cfg = config or GovernorConfig()
         self._buckets: dict[int, _Bucket] = {}
-        self.stats = {"governed_plain_steps": 0, "probes": 0, "budget_plain_steps": 0, "charged_s": 0.0}
+        self.stats = {"governed_plain_steps": 0, "probes": 0, "budget_plain_steps": 0}
         # plain s = a + b * bsz, refitted every PLAIN_REFIT steps: its coefficients drift slowly, and plain steps must
         # cost no more host time than the plain engine's
         self._plain = StepCostModel(StepCostConfig(min_steps=max(3, self.cfg.min_samples), refit_every=PLAIN_REFIT))
@@ -377,15 +376,6 @@ class SpecGovernor:
         self._skips.clear()  # the room changed: decide again
         rated = self.rate_seconds(bsz, seconds, extra_s)
         self._observe(bsz, True, self.credit(bsz, tokens, critical), seconds, prefill, wall, rated)
-
-    def charge(self, seconds: float) -> None:
-        """Count ``seconds`` of drafting work done outside the observed steps (the drafter's share of finishing a
-        request that drafted) as drafting excess: it spends the explore budget and moves no bucket's rates.
-        Less room never turns a plain decision into a drafting one, so the countdowns stand."""
-        if seconds > 0.0:
-            self._flush()
-            self._excess += seconds
-            self.stats["charged_s"] += seconds
 
     def rate_seconds(self, bsz: int, seconds: float, extra_s: float | None) -> float:
         """The decode seconds a drafting step of ``bsz`` requests counts in the rates: ``seconds``, at most ``1 +

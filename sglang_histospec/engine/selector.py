@@ -204,12 +204,6 @@ class DraftSelector:
         self._draft_s = 0.9 * self._draft_s + 0.1 * host_s
         return Selection(tb, flat, nodes, True, predicted, host_s)
 
-    def charge(self, seconds: float) -> None:
-        """Count ``seconds`` of drafting host work done outside a timed step (finishing a request that drafted,
-        ``Commit``) against the governor's explore budget; nothing without the governor."""
-        if self.governor is not None:
-            self.governor.charge(seconds)
-
     def acceptance_scale(self) -> float:
         """Accepted over predicted verified nodes, decayed, from ``scale_prior`` nodes of ratio 1 (1.0 without the
         governor's settings, i.e. without the cut)."""

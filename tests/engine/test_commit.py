@@ -140,20 +140,3 @@ def test_finish_records_or_aborts():
     undrafted.output, undrafted.finish = [7, 8], {"type": "length", "length": 2}
     commit.finish(undrafted)
     assert drafter.calls == [("finish", "d", [7, 8])]
-
-
-def test_finishing_a_drafted_request_charges_what_it_cost_beyond_undrafted_ones(monkeypatch):
-    """The drafter's share of finishing a request that drafted, less the mean of requests that never drafted, is
-    charged (the governor's explore budget); without a baseline nothing is."""
-    import sglang_histospec.engine.commit as commit_module
-
-    clock = iter([0.0, 3.0, 10.0, 15.0, 20.0, 30.0])  # finish times: drafted 3 s (no baseline), plain 5 s, drafted 10
-    monkeypatch.setattr(commit_module.time, "perf_counter", lambda: next(clock))
-    charged = []
-    commit = Commit(Recorder(), Recorder(), None, torch.device("cpu"), collections.Counter(), speculate=True,
-                    adaptive=False, record_responses=True, charge=charged.append)  # fmt: skip
-    for rid, drafts in (("a", 2), ("b", 0), ("c", 1)):
-        st = _state(rid)
-        st.output, st.finish, st.draft_ct = [7], {"type": "length", "length": 1}, drafts
-        commit.finish(st)
-    assert charged == [5.0]

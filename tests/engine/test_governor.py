@@ -454,19 +454,3 @@ def test_a_spiked_probe_makes_the_next_wait_only_as_long_as_its_capped_cost():
         excess.append(g._excess)
     assert rooms[0] == pytest.approx(rooms[1]) and rooms[0] > 0
     assert excess[0] > excess[1] + 0.5  # the spike's 0.545 s: in the budget
-
-
-def test_a_charge_spends_the_budget_and_leaves_the_rates():
-    """Drafting work outside the observed steps (a drafted request's finish) spends the explore budget: a charge
-    past the room stops drafting, and no bucket's rates move."""
-    g = SpecGovernor(GovernorConfig(explore_budget=0.05))
-    for _ in range(200):
-        g.observe(4, False, tokens=4, seconds=0.01)
-    assert g.within_budget(4)
-    rates = g.rates()
-    g.charge(0.0)
-    g.charge(-1.0)  # nothing to charge: ignored
-    assert g.within_budget(4) and g.stats["charged_s"] == 0.0
-    g.charge(0.2)  # more than 5 % of the 2 s decoded
-    assert not g.within_budget(4) and not g.use_spec(4)
-    assert g.rates() == rates and g.stats["charged_s"] == 0.2
