@@ -26,8 +26,8 @@ def freeze_startup_heap() -> int:
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[int]:
-    """``freeze_startup_heap`` for the duration of a block (a benchmark inside a longer process), unfrozen after;
-    yields the count frozen."""
+    """``freeze_startup_heap`` for the duration of a block (a benchmark inside a longer process), unfrozen after
+    (``gc.unfreeze`` unfreezes everything, what was frozen before the block too); yields the count frozen."""
     count = freeze_startup_heap()
     try:
         yield count
