@@ -109,10 +109,6 @@ class Engine:
         if self.selector.cut:  # the cut's step model is fitted before the first drafting step (engine/profile.py)
             points = profile_verify(self._fwd, self._cache, config.max_running_requests, config.num_draft_tokens)
             self.selector.seed_step_cost(points)
-            # the dummy passes grew the cache; left so, the first reserve would double it: a plain engine's cache
-            # then has other strides and another size than this one's, and measuring one against the other compares
-            # memory layouts too
-            self._cache.clear()
         self.scheduler = Scheduler(config.max_running_requests, config.seed, self.eos_token_ids, config.admission)
         self.commit = Commit(
             self.drafter,

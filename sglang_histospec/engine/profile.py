@@ -54,19 +54,26 @@ def profile_verify(
     fwd: TreeForward, cache: KVCache, max_batch: int, extra_per_request: int, rounds: int = 2
 ) -> list[tuple[int, int, float]]:
     """``(requests, query rows, seconds)`` of ``rounds`` timed passes at every design point (after one untimed
-    warm-up round). ``max_batch`` and ``extra_per_request`` must be >= 1."""
+    warm-up round). ``max_batch`` and ``extra_per_request`` must be >= 1. The passes write dummy K/V into ``cache``
+    (call it on an empty one, as the engine does at start) and hand back the storage it had: a cache grown here
+    would be doubled by the first ``reserve``, and an engine so profiled would then run on another memory layout
+    (another size and strides) than a plain engine of the same shapes."""
     if max_batch < 1 or extra_per_request < 1 or rounds < 1:
         raise ValueError(
             f"max_batch={max_batch}, extra_per_request={extra_per_request}, rounds={rounds}: use values >= 1"
         )
     points = design_points(min(max_batch, cache.max_slots), extra_per_request)
     out = []
-    for r in range(rounds + 1):
-        for batch, extra in points:
-            started = time.perf_counter()
-            _verify_pass(fwd, cache, batch, extra)
-            if r:
-                out.append((batch, batch * (1 + extra), time.perf_counter() - started))
+    before = cache.data
+    try:
+        for r in range(rounds + 1):
+            for batch, extra in points:
+                started = time.perf_counter()
+                _verify_pass(fwd, cache, batch, extra)
+                if r:
+                    out.append((batch, batch * (1 + extra), time.perf_counter() - started))
+    finally:
+        cache.data = before
     return out
 
 

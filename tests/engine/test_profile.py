@@ -52,8 +52,8 @@ def test_the_cut_is_ready_before_the_first_step(tmp_path, selection, ready):
 
 
 def test_the_profile_leaves_the_cache_as_a_plain_engine_has_it(tmp_path):
-    """The dummy passes grow the cache; the engine drops it after them, so that a reserve sizes a HistoSpec engine's
-    cache as a plain engine's (a doubled capacity would give the two other memory layouts)."""
+    """The dummy passes grow the cache; the profile hands back the storage it had, so that a reserve sizes a
+    HistoSpec engine's cache as a plain engine's (a doubled capacity would give the two other memory layouts)."""
     model = make_tiny_model_dir(tmp_path / "m")
     with torch_threads(1):
         engines = [
