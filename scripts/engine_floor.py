@@ -20,8 +20,6 @@ import torch
 
 import sglang_histospec.commands.bench_engine as bench
 from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
-from sglang_histospec.engine import EngineConfig
-from sglang_histospec.engine.engine import Engine
 from sglang_histospec.engine.governor import GovernorConfig
 from sglang_histospec.engine.heap import frozen_heap
 
@@ -35,14 +33,9 @@ def main(argv: list[str]) -> None:
     args.batch = int(args.batch)
     torch.set_num_threads(args.threads or 1)
     args.model = str(build_or_load_demo_model(config=DEMO_MODELS["quick"], progress=False))
-
-    def make(alg: str, governor: GovernorConfig | None = None) -> Engine:
-        cfg = EngineConfig(model_path=args.model, device="cpu", speculative_algorithm=alg, seed=args.seed,
-                           max_running_requests=args.batch, num_draft_tokens=args.num_draft_tokens,
-                           draft_selection=args.draft_selection, admission=args.admission, governor=governor)  # fmt: skip
-        return Engine(cfg)
-
-    engines = [make("NONE"), make("HISTOSPEC", GovernorConfig(explore_budget=0.0)), make("HISTOSPEC"), make("NONE")]
+    never = GovernorConfig(explore_budget=0.0)
+    engines = [bench._make_engine(args, alg, args.batch, None, governor) for alg, governor in
+               (("NONE", None), ("HISTOSPEC", never), ("HISTOSPEC", None), ("NONE", None))]  # fmt: skip
     prompt_ids, token_ids, _ = bench._prompts(args, engines[1].tokenizer, engines[1].vocab_size)
     for engine in engines:
         bench._warm_up(engine, None, token_ids, 0, args)

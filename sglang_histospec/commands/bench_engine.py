@@ -258,8 +258,9 @@ def _warm_up(engine, hf_model, token_ids, pad_id: int, args) -> None:
             hf_model.generate(torch.tensor([token_ids[0]]), max_new_tokens=4, do_sample=False, pad_token_id=pad_id)
 
 
-def _make_engine(args, alg: str, batch: int, budget):
-    """One embedded engine of the benchmark: ``alg`` is ``HISTOSPEC`` or ``NONE``."""
+def _make_engine(args, alg: str, batch: int, budget, governor=None):
+    """One embedded engine of the benchmark: ``alg`` is ``HISTOSPEC`` or ``NONE``; ``governor`` a GovernorConfig
+    (None: the engine's default)."""
     from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
 
@@ -274,6 +275,7 @@ def _make_engine(args, alg: str, batch: int, budget):
             budget=budget,
             draft_selection=args.draft_selection,
             admission=args.admission,
+            governor=governor,
         )
     )
 
