@@ -172,12 +172,18 @@ def test_overlap_defers_a_long_request_on_real_servers_and_answers_it_with_the_n
         for pid in pids:
             router.predictor.add(pid, 0, [2, 2, 2])  # history says 2 tokens: 96 is an outlier
         first = router.overlap_step(1, [(pid, [1, 5, 9]) for pid in pids], 1, {}, item_params=[long] + [short] * 3)
-        assert first.deferred == [0], "the long request was expected to be deferred"
-        assert all(len(o["output_ids"]) == 2 for o in first.results[1:])
+        # the rule judges by time: on a loaded machine a short one queued behind the long one can be deferred too
+        assert 0 in first.deferred, "the long request was expected to be deferred"
+        assert all(len(first.results[i]["output_ids"]) == 2 for i in range(1, 4) if i not in first.deferred)
+        assert all(first.results[i] is None for i in first.deferred)
         second = router.overlap_step(2, [("short0", [1, 5, 9])], 1, short)
         late = second.carried + router.drain()  # with step 2 or, if step 2 was quicker still, with the drain
-        assert [o["meta_info"]["histopipe"]["step"] for o in late] == [1] and late[0]["output_ids"] == expected
-        assert late[0]["meta_info"]["histopipe"]["migrated_from"] == []  # deferred, not migrated
+        by_index = {o["meta_info"]["histopipe"]["index"]: o for o in late}
+        assert sorted(by_index) == sorted(first.deferred), "each deferred request is answered once, later"
+        assert all(o["meta_info"]["histopipe"]["step"] == 1 for o in late)
+        assert by_index[0]["output_ids"] == expected
+        assert all(len(by_index[i]["output_ids"]) == 2 for i in first.deferred if i != 0)
+        assert all(o["meta_info"]["histopipe"]["migrated_from"] == [] for o in late)  # deferred, not migrated
     finally:
         router.close()
 
