@@ -42,6 +42,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="tier 2 sizes pieces for this quantile of observed actual/predicted length ('none': as predicted; "
         "'auto': 0.9 with --overlap, none without)",
     )
+    p.add_argument(
+        "--sample-spread",
+        action="store_true",
+        help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
+        "(PlannerConfig.sample_spread; shorter synchronous steps)",
+    )
     p.add_argument("--outlier-factor", type=float, default=1.5)
     p.add_argument("--tail-fraction", type=float, default=0.10)
     p.add_argument(
@@ -101,6 +107,7 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         length_quantile=args.quantile,
         split=args.split,
         split_error_quantile=_split_quantile(args.split_error_quantile, overlap),
+        sample_spread=args.sample_spread,
         outlier_factor=args.outlier_factor,
         tail_fraction=args.tail_fraction,
         max_deferrals=args.max_deferrals,

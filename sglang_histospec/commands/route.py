@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --overlap: in the tail, also defer a request past this x the step's mean predicted length",
     )
+    parser.add_argument(
+        "--sample-spread",
+        action="store_true",
+        help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
+        "(PlannerConfig.sample_spread; shorter synchronous steps)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
             max_request_bytes=args.max_request_bytes,
             overlap=args.overlap,
             planner=PlannerConfig(
-                policy=args.policy, max_deferrals=args.max_deferrals, defer_step_factor=args.defer_step_factor
+                policy=args.policy,
+                max_deferrals=args.max_deferrals,
+                defer_step_factor=args.defer_step_factor,
+                sample_spread=args.sample_spread,
             ),
         )
     except ValueError as exc:

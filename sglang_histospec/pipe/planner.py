@@ -12,6 +12,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor
 from sglang_histospec.pipe.worker_cost import CostModel
@@ -53,6 +54,11 @@ class PlannerConfig:
     """With one-step overlap: in the tail, also defer a request that has emitted more than this times the step's
     mean predicted length, even when its own history predicted it long (a straggler the step need not wait
     for); None = judge each request against its own prompt's history only."""
+    sample_spread: bool = False
+    """histopipe: price a worker's fixed per-iteration cost at the expected longest of each piece's samples
+    (:func:`longest_length`, from the spread of the prompt's history: its 0.5 and 0.9 quantiles) instead of at
+    their predicted mean; a worker decodes until its longest request ends. Measured (docs/benchmarks.md): shorter
+    synchronous steps, mixed with one-step overlap."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -117,6 +123,30 @@ class StepPlan:
         return f"requests not placed: {sorted(missing)[:5]}" if missing else None
 
 
+_NORMAL = NormalDist()
+_Z90 = _NORMAL.inv_cdf(0.9)
+
+
+def length_spread(estimate: LengthEstimate) -> float:
+    """Log-normal spread of a prompt's response lengths read from its history's 0.5 and 0.9 quantiles: ``ln(q90 /
+    q50) / z(0.9)``; 0.0 without history or without those quantiles. Example: q50 100, q90 200: about 0.54."""
+    q50, q90 = estimate.quantiles.get(0.5), estimate.quantiles.get(0.9)
+    if estimate.count == 0 or q50 is None or q90 is None:
+        return 0.0
+    return max(0.0, math.log(max(q90, 1.0) / max(q50, 1.0)) / _Z90)
+
+
+def longest_length(length: float, spread: float, samples: int) -> float:
+    """Expected longest of ``samples`` log-normal lengths of mean ``length`` and log-spread ``spread``: median x
+    exp(spread x z), with median = mean x exp(-spread**2 / 2) and z Blom's approximation of the largest of n normal
+    scores; never below the mean. Example: ``longest_length(100, 0.5, 1) == 100``; 8 samples at spread 0.5: about
+    181."""
+    if samples <= 1 or spread <= 0.0:
+        return length
+    z = _NORMAL.inv_cdf((samples - 0.375) / (samples + 0.25))
+    return max(length, length * math.exp(spread * z - 0.5 * spread * spread))
+
+
 @dataclass(slots=True)
 class _Load:
     """Closed-form predicted time of a worker's requests (see :meth:`CostModel.batch_time`), kept incrementally."""
@@ -131,11 +161,13 @@ class _Load:
         fixed = max(self.max_iter, math.ceil(self.sum_iter / cost.config.max_running))
         return self.backlog + self.prefill + self.own + cost.config.iteration_s * fixed
 
-    def add(self, cost: CostModel, prompt_len: int, length: int, count: int) -> None:
+    def add(self, cost: CostModel, prompt_len: int, length: int, count: int, spread: float = 0.0) -> None:
+        """``count`` requests of predicted ``length``; their longest decodes :func:`longest_length` tokens."""
         it = cost.iterations(length)
         self.prefill += count * cost.prefill_time(prompt_len)
         self.own += count * cost.own_time(prompt_len, length)
-        self.max_iter = max(self.max_iter, it)
+        longest = it if spread <= 0.0 else cost.iterations(int(round(longest_length(length, spread, count))))
+        self.max_iter = max(self.max_iter, longest)
         self.sum_iter += count * it
 
 
@@ -198,7 +230,8 @@ class Planner:
             backlog = [0.0] * workers
         if len(backlog) != workers or any(not (b >= 0 and math.isfinite(b)) for b in backlog):
             raise ValueError(f"backlog={list(backlog)!r}: need {workers} finite values >= 0 (one per worker)")
-        predicted = [max(1.0, self.predict(lengths.predict(g.prompt_id))) for g in groups]
+        estimates = [lengths.predict(g.prompt_id) for g in groups]
+        predicted = [max(1.0, self.predict(e)) for e in estimates]
         policy = self.config.policy
         if policy == "round-robin":
             pieces = [(i, g.size) for i, g in enumerate(groups)]
@@ -212,18 +245,28 @@ class Planner:
         order = range(workers - 1, -1, -1) if step % 2 == 1 else range(workers)
         q = self.config.split_error_quantile
         margin = 1.0 if q is None else max(1.0, lengths.error_ratio(q))
-        counts = self._split(groups, predicted, workers, list(backlog), order, margin) if self.config.split else None
-        counts = counts or [[g.size] for g in groups]
+        spreads = [length_spread(e) if self.config.sample_spread else 0.0 for e in estimates]
+        split = (
+            self._split(groups, predicted, workers, list(backlog), order, margin, spreads)
+            if self.config.split
+            else None
+        )
+        counts = split or [[g.size] for g in groups]
         pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
-        assign = self._greedy(groups, predicted, pieces, list(backlog), order)
-        return self._build(step, groups, predicted, pieces, assign, list(backlog))
+        assign = self._greedy(groups, predicted, pieces, list(backlog), order, spreads)
+        return self._build(step, groups, predicted, pieces, assign, list(backlog), spreads=spreads)
 
     # ---- tier 2 ----------------------------------------------------------------------------------------------
-    def piece_time(self, group: Group, length: float, samples: int) -> float:
-        """Predicted time of ``samples`` requests of ``group`` alone on a worker (one point of its cost curve)."""
-        return self.cost.same_time(group.prompt_len, int(round(length)), samples)
+    def piece_time(self, group: Group, length: float, samples: int, spread: float = 0.0) -> float:
+        """Predicted time of ``samples`` requests of ``group`` alone on a worker (one point of its cost curve);
+        ``spread``: the log-spread of their lengths (``PlannerConfig.sample_spread``; 0 = all of length ``length``)."""
+        if spread <= 0.0:
+            return self.cost.same_time(group.prompt_len, int(round(length)), samples)
+        load = _Load()
+        load.add(self.cost, group.prompt_len, int(round(length)), samples, spread)
+        return load.finish(self.cost)
 
-    def split_sizes(self, group: Group, length: float, target: float, workers: int) -> list[int]:
+    def split_sizes(self, group: Group, length: float, target: float, workers: int, spread: float = 0.0) -> list[int]:
         """Sizes of the pieces of ``group`` for a target time: k = the fewest workers whose pieces fit ``target``.
 
         k is found by binary search on the non-increasing cost curve k -> piece_time(ceil(G/k)); when even
@@ -233,7 +276,7 @@ class Planner:
         lo = 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.piece_time(group, length, math.ceil(group.size / mid)) <= target:
+            if self.piece_time(group, length, math.ceil(group.size / mid), spread) <= target:
                 hi = mid
             else:
                 lo = mid + 1
@@ -249,6 +292,7 @@ class Planner:
         backlog: list[float],
         order: Sequence[int],
         margin: float = 1.0,
+        spreads: Sequence[float] | None = None,
     ) -> list[list[int]] | None:
         """Binary search on the target time; returns the piece sizes with the smallest predicted makespan.
 
@@ -256,15 +300,20 @@ class Planner:
         """
         if not groups:
             return None
-        lo = max(self.piece_time(g, n, math.ceil(g.size / min(g.size, workers))) for g, n in zip(groups, predicted))
-        hi = max(self.piece_time(g, n, g.size) for g, n in zip(groups, predicted))
+        sp = list(spreads) if spreads is not None else [0.0] * len(groups)
+        lo = max(
+            self.piece_time(g, n, math.ceil(g.size / min(g.size, workers)), s)
+            for g, n, s in zip(groups, predicted, sp)
+        )
+        hi = max(self.piece_time(g, n, g.size, s) for g, n, s in zip(groups, predicted, sp))
         best: tuple[float, list[list[int]]] | None = None
         for _ in range(self.config.search_iters + 1):
             target = (lo + hi) / 2 if best is not None else hi
-            counts = [self.split_sizes(g, n * margin, target, workers) for g, n in zip(groups, predicted)]
+            counts = [self.split_sizes(g, n * margin, target, workers, s) for g, n, s in zip(groups, predicted, sp)]
             pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
-            assign = self._greedy(groups, predicted, pieces, list(backlog), order)
-            makespan = max(load.finish(self.cost) for load in self._loads(groups, predicted, pieces, assign, backlog))
+            assign = self._greedy(groups, predicted, pieces, list(backlog), order, sp)
+            loads = self._loads(groups, predicted, pieces, assign, backlog, sp)
+            makespan = max(load.finish(self.cost) for load in loads)
             if best is None or makespan < best[0] - 1e-12:
                 best = (makespan, counts)
             if best is not None and target != hi:
@@ -284,21 +333,26 @@ class Planner:
         pieces: Sequence[tuple[int, int]],
         backlog: list[float],
         order: Sequence[int],
+        spreads: Sequence[float] | None = None,
     ) -> list[int]:
         """Longest piece first onto the worker predicted to finish first; ties by position in ``order``."""
+        sp = spreads if spreads is not None else [0.0] * len(groups)
         rank = {w: r for r, w in enumerate(order)}
         loads = [_Load(backlog=b) for b in backlog]
         heap = [(loads[w].finish(self.cost), rank[w], w) for w in order]
         heapq.heapify(heap)
         by_cost = sorted(
             range(len(pieces)),
-            key=lambda j: (-self.piece_time(groups[pieces[j][0]], predicted[pieces[j][0]], pieces[j][1]), j),
+            key=lambda j: (
+                -self.piece_time(groups[pieces[j][0]], predicted[pieces[j][0]], pieces[j][1], sp[pieces[j][0]]),
+                j,
+            ),
         )
         assign = [0] * len(pieces)
         for j in by_cost:
             i, m = pieces[j]
             _, r, w = heapq.heappop(heap)
-            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m)
+            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m, sp[i])
             assign[j] = w
             heapq.heappush(heap, (loads[w].finish(self.cost), r, w))
         return assign
@@ -310,10 +364,12 @@ class Planner:
         pieces: Sequence[tuple[int, int]],
         assign: Sequence[int],
         backlog: Sequence[float],
+        spreads: Sequence[float] | None = None,
     ) -> list[_Load]:
+        sp = spreads if spreads is not None else [0.0] * len(groups)
         loads = [_Load(backlog=b) for b in backlog]
         for (i, m), w in zip(pieces, assign):
-            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m)
+            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m, sp[i])
         return loads
 
     def _build(
@@ -325,6 +381,7 @@ class Planner:
         assign: Sequence[int],
         backlog: list[float],
         longest_first: bool = True,
+        spreads: Sequence[float] | None = None,
     ) -> StepPlan:
         """Turn pieces ``(group, samples)`` and their workers into per-worker request lists."""
         out: list[list[tuple[int, int]]] = [[] for _ in backlog]
@@ -337,7 +394,7 @@ class Planner:
         if longest_first:
             for reqs in out:
                 reqs.sort(key=lambda r: (-predicted[r[0]], r))
-        loads = self._loads(groups, predicted, pieces, assign, backlog)
+        loads = self._loads(groups, predicted, pieces, assign, backlog, spreads)
         return StepPlan(
             step=step,
             policy=self.config.policy,

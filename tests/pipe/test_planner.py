@@ -10,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
-from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig, in_tail, is_outlier, plan
+from sglang_histospec.pipe.planner import (
+    POLICIES,
+    Group,
+    Planner,
+    PlannerConfig,
+    in_tail,
+    is_outlier,
+    length_spread,
+    longest_length,
+    plan,
+)
 from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
 from sglang_histospec.pipe.worker_sim import WorkerSim
 
@@ -142,13 +152,15 @@ def test_worker_sim_queue_partial_advance_and_remove() -> None:
     policy=st.sampled_from(POLICIES),
     step=st.integers(0, 5),
     backlog=st.lists(st.floats(0, 50), min_size=6, max_size=6),
+    spread=st.booleans(),
 )
 def test_every_request_placed_exactly_once(
-    sizes: list[int], lengths: list[int], workers: int, policy: str, step: int, backlog: list[float]
+    sizes: list[int], lengths: list[int], workers: int, policy: str, step: int, backlog: list[float], spread: bool
 ) -> None:
     groups = [Group(f"p{i}", n, prompt_len=10 * i) for i, n in enumerate(sizes)]
-    predictor = _predictor({f"p{i}": [lengths[i]] for i in range(0, len(sizes), 2)})  # odd prompts unknown
-    plan = Planner(CostModel(), PlannerConfig(policy=policy, search_iters=8)).plan(
+    # odd prompts unknown; the known ones with two lengths, so that their history has a spread
+    predictor = _predictor({f"p{i}": [lengths[i], lengths[13 - i]] for i in range(0, len(sizes), 2)})
+    plan = Planner(CostModel(), PlannerConfig(policy=policy, search_iters=8, sample_spread=spread)).plan(
         step, groups, workers, predictor, backlog=backlog[:workers]
     )
     assert plan.check(groups) is None
@@ -210,6 +222,51 @@ def test_tier2_split_evens_predicted_completion() -> None:
     spread = max(split.predicted_finish) - min(split.predicted_finish)
     assert max(split.predicted_finish) < 0.8 * max(whole.predicted_finish)
     assert spread < 0.25 * max(split.predicted_finish)
+
+
+@pytest.mark.parametrize(
+    ("length", "spread", "samples", "expected"),
+    [
+        (100.0, 0.5, 1, 100.0),  # one sample: its mean
+        (100.0, 0.0, 8, 100.0),  # no spread: every sample at the mean
+        (100.0, 0.5, 8, 180.8),  # median 88.2 x exp(0.5 x 1.434)
+        (100.0, 0.5, 2, 118.5),
+        (100.0, 2.0, 2, 100.0),  # a median far below the mean: never below the mean
+    ],
+)
+def test_longest_length(length: float, spread: float, samples: int, expected: float) -> None:
+    assert longest_length(length, spread, samples) == pytest.approx(expected, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("estimate", "expected"),
+    [
+        (LengthEstimate(100.0, {0.5: 100.0, 0.9: 200.0}, count=4, known=True), math.log(2.0) / 1.2815516),
+        (LengthEstimate(100.0, {0.5: 100.0, 0.9: 100.0}, count=4, known=True), 0.0),
+        (LengthEstimate(512.0), 0.0),  # no history
+        (LengthEstimate(100.0, {0.9: 200.0}, count=4, known=True), 0.0),  # no median configured
+    ],
+)
+def test_length_spread(estimate: LengthEstimate, expected: float) -> None:
+    assert length_spread(estimate) == pytest.approx(expected, rel=1e-6)
+
+
+def test_sample_spread_prices_a_piece_at_its_longest_sample_and_splits_a_wide_group() -> None:
+    # one second per iteration and nothing else: a worker's time is its longest request's length
+    planner = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe", sample_spread=True))
+    assert planner.piece_time(Group("g", 8), 100.0, 8) == 100.0
+    assert planner.piece_time(Group("g", 8), 100.0, 8, spread=0.5) == 181.0  # iterations of round(180.8)
+    assert planner.piece_time(Group("g", 8), 100.0, 1, spread=0.5) == 100.0
+    predictor = _predictor({"wide": [40, 60, 80, 100, 100, 120, 200, 400], "n1": [130] * 8, "n2": [130] * 8})
+    groups = [Group("wide", 8), Group("n1", 8), Group("n2", 8)]
+    off = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe")).plan(0, groups, 2, predictor)
+    on = planner.plan(0, groups, 2, predictor)
+    assert off.splits == [1, 1, 1] and on.splits[0] == 2  # its 8 samples are not 8 x 137.5 tokens: split them
+    assert on.check(groups) is None and max(on.predicted_finish) > max(off.predicted_finish)
+    lpt = PlannerConfig(policy="lpt", sample_spread=True)  # lpt stays the classic baseline
+    assert Planner(CostModel(UNIT), lpt).plan(0, groups, 2, predictor).workers == (
+        Planner(CostModel(UNIT), PlannerConfig(policy="lpt")).plan(0, groups, 2, predictor).workers
+    )
 
 
 @pytest.mark.parametrize("target", [3.0, 5.0, 8.0, 100.0, 0.5])
