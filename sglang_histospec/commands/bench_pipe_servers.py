@@ -19,6 +19,17 @@ from pathlib import Path
 COMMAND = ("bench", "pipe-servers")
 HELP = "HistoPipe policies through the router on real rollout servers (measured) and in the simulator (predicted)"
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "docs" / "data" / "demo_grpo_trace.jsonl.gz"
+SPREAD = "histopipe+spread"
+"""The policy label of histopipe planned with ``PlannerConfig.sample_spread`` (side by side with plain histopipe)."""
+
+
+def _planner(label: str):  # noqa: ANN202
+    """The PlannerConfig of a ``--policies`` label: a policy name, or ``SPREAD``."""
+    from sglang_histospec.pipe.planner import PlannerConfig
+
+    if label == SPREAD:
+        return PlannerConfig(policy="histopipe", sample_spread=True)
+    return PlannerConfig(policy=label)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--servers", type=int, default=2, help="rollout servers (W)")
     parser.add_argument("--steps", type=int, default=8, help="replay the trace's first N steps")
     parser.add_argument("--length-scale", type=float, default=4.0, help="response length = recorded x this")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated policies; {SPREAD}: histopipe with PlannerConfig.sample_spread",
+    )
     parser.add_argument("--speculative-algorithm", choices=("NONE", "HISTOSPEC"), default="NONE")
     parser.add_argument("--no-migrate", dest="migrate", action="store_false", help="router without migration")
     parser.add_argument("--overlap", action="store_true", help="one-step overlap (deferral) in router and simulator")
@@ -104,8 +119,14 @@ class _PolicyRun:
     def __init__(self, urls: list[str], policy: str, cost, migrate: bool, overlap: bool = False) -> None:  # noqa: ANN001
         from sglang_histospec.router.router import Router, RouterConfig
 
+        planner = _planner(policy)
         config = RouterConfig(
-            backends=urls, policy=policy, migrate_outliers=migrate, health_interval_s=5.0, overlap=overlap
+            backends=urls,
+            policy=planner.policy,
+            planner=planner,
+            migrate_outliers=migrate,
+            health_interval_s=5.0,
+            overlap=overlap,
         )
         self.router = Router(config, cost)
         self.router.start()
@@ -170,11 +191,10 @@ class _PolicyRun:
 
 def _simulate(policy: str, workers: int, cost, work, overlap: bool = False) -> dict:  # noqa: ANN001
     from sglang_histospec.pipe.lengths import LengthPredictorConfig
-    from sglang_histospec.pipe.planner import PlannerConfig
     from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator
 
     config = PipeSimConfig(workers=workers, overlap=overlap)
-    r = PipeSimulator(config, PlannerConfig(policy=policy), cost, LengthPredictorConfig(2)).run(work)
+    r = PipeSimulator(config, _planner(policy), cost, LengthPredictorConfig(2)).run(work)
     span = r.makespan if overlap else sum(s.makespan for s in r.per_step)
     return {"makespan": span, "idle_fraction": r.idle_fraction,
             "migrations": r.migrations, "per_step": [s.makespan for s in r.per_step]}  # fmt: skip
@@ -214,14 +234,15 @@ def run(args: argparse.Namespace) -> int:
 
     policies = args.policies.split(",")
     if (
-        any(p not in POLICIES for p in policies)
+        any(p not in (*POLICIES, SPREAD) for p in policies)
         or args.servers < 1
         or args.steps < 1
         or args.repeats < 1
         or args.length_scale <= 0
     ):
         print(
-            f"error: --policies from {POLICIES}, --servers/--steps/--repeats >= 1, --length-scale > 0", file=sys.stderr
+            f"error: --policies from {(*POLICIES, SPREAD)}, --servers/--steps/--repeats >= 1, --length-scale > 0",
+            file=sys.stderr,
         )
         return 2
     model = args.model or str(_demo_model())

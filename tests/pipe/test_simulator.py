@@ -322,6 +322,17 @@ def test_bench_pipe_servers_helpers() -> None:
     assert row["warm_makespan"] == 2.0 and row["sim_warm_makespan"] == 3.0 and row["sim_over_measured"] == 1.25
 
 
+@pytest.mark.parametrize(
+    ("label", "policy", "spread"),
+    [("lpt", "lpt", False), ("histopipe", "histopipe", False), ("histopipe+spread", "histopipe", True)],
+)
+def test_bench_pipe_servers_policy_labels(label: str, policy: str, spread: bool) -> None:
+    from sglang_histospec.commands.bench_pipe_servers import _planner
+
+    planner = _planner(label)
+    assert planner.policy == policy and planner.sample_spread is spread
+
+
 def test_cli_bench_pipe_servers_refuses_bad_flags(capsys) -> None:  # noqa: ANN001
     from sglang_histospec.cli import main
 
