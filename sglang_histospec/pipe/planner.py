@@ -233,28 +233,29 @@ class Planner:
         estimates = [lengths.predict(g.prompt_id) for g in groups]
         predicted = [max(1.0, self.predict(e)) for e in estimates]
         policy = self.config.policy
+        spread = self.config.sample_spread and policy == "histopipe"  # lpt stays the textbook baseline
+        spreads = [length_spread(e) if spread else 0.0 for e in estimates]
         if policy == "round-robin":
             pieces = [(i, g.size) for i, g in enumerate(groups)]
             assign = [i % workers for i in range(len(groups))]
-            return self._build(step, groups, predicted, pieces, assign, [0.0] * workers, longest_first=False)
+            return self._build(step, groups, predicted, spreads, pieces, assign, [0.0] * workers, longest_first=False)
         if policy == "lpt":
             pieces = [(i, g.size) for i, g in enumerate(groups)]
-            assign = self._greedy(groups, predicted, pieces, [0.0] * workers, order=range(workers))
-            return self._build(step, groups, predicted, pieces, assign, [0.0] * workers)
+            assign = self._greedy(groups, predicted, spreads, pieces, [0.0] * workers, order=range(workers))
+            return self._build(step, groups, predicted, spreads, pieces, assign, [0.0] * workers)
         # histopipe: alternate the tie order across adjacent steps (odd: ascending, longest to the last worker).
         order = range(workers - 1, -1, -1) if step % 2 == 1 else range(workers)
         q = self.config.split_error_quantile
         margin = 1.0 if q is None else max(1.0, lengths.error_ratio(q))
-        spreads = [length_spread(e) if self.config.sample_spread else 0.0 for e in estimates]
         split = (
-            self._split(groups, predicted, workers, list(backlog), order, margin, spreads)
+            self._split(groups, predicted, spreads, workers, list(backlog), order, margin)
             if self.config.split
             else None
         )
         counts = split or [[g.size] for g in groups]
         pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
-        assign = self._greedy(groups, predicted, pieces, list(backlog), order, spreads)
-        return self._build(step, groups, predicted, pieces, assign, list(backlog), spreads=spreads)
+        assign = self._greedy(groups, predicted, spreads, pieces, list(backlog), order)
+        return self._build(step, groups, predicted, spreads, pieces, assign, list(backlog))
 
     # ---- tier 2 ----------------------------------------------------------------------------------------------
     def piece_time(self, group: Group, length: float, samples: int, spread: float = 0.0) -> float:
@@ -288,31 +289,29 @@ class Planner:
         self,
         groups: Sequence[Group],
         predicted: list[float],
+        spreads: Sequence[float],
         workers: int,
         backlog: list[float],
         order: Sequence[int],
         margin: float = 1.0,
-        spreads: Sequence[float] | None = None,
     ) -> list[list[int]] | None:
         """Binary search on the target time; returns the piece sizes with the smallest predicted makespan.
 
-        Pieces are sized for lengths ``margin`` times the prediction (see ``split_error_quantile``).
+        Pieces are sized for lengths ``margin`` times the prediction (see ``split_error_quantile``) and priced with
+        the groups' ``spreads`` (``PlannerConfig.sample_spread``; 0 = every sample at its group's prediction).
         """
         if not groups:
             return None
-        sp = list(spreads) if spreads is not None else [0.0] * len(groups)
-        lo = max(
-            self.piece_time(g, n, math.ceil(g.size / min(g.size, workers)), s)
-            for g, n, s in zip(groups, predicted, sp)
-        )
-        hi = max(self.piece_time(g, n, g.size, s) for g, n, s in zip(groups, predicted, sp))
+        per = list(zip(groups, predicted, spreads))
+        lo = max(self.piece_time(g, n, math.ceil(g.size / min(g.size, workers)), s) for g, n, s in per)
+        hi = max(self.piece_time(g, n, g.size, s) for g, n, s in per)
         best: tuple[float, list[list[int]]] | None = None
         for _ in range(self.config.search_iters + 1):
             target = (lo + hi) / 2 if best is not None else hi
-            counts = [self.split_sizes(g, n * margin, target, workers, s) for g, n, s in zip(groups, predicted, sp)]
+            counts = [self.split_sizes(g, n * margin, target, workers, s) for g, n, s in per]
             pieces = [(i, m) for i, ms in enumerate(counts) for m in ms]
-            assign = self._greedy(groups, predicted, pieces, list(backlog), order, sp)
-            loads = self._loads(groups, predicted, pieces, assign, backlog, sp)
+            assign = self._greedy(groups, predicted, spreads, pieces, list(backlog), order)
+            loads = self._loads(groups, predicted, spreads, pieces, assign, backlog)
             makespan = max(load.finish(self.cost) for load in loads)
             if best is None or makespan < best[0] - 1e-12:
                 best = (makespan, counts)
@@ -330,13 +329,12 @@ class Planner:
         self,
         groups: Sequence[Group],
         predicted: list[float],
+        spreads: Sequence[float],
         pieces: Sequence[tuple[int, int]],
         backlog: list[float],
         order: Sequence[int],
-        spreads: Sequence[float] | None = None,
     ) -> list[int]:
         """Longest piece first onto the worker predicted to finish first; ties by position in ``order``."""
-        sp = spreads if spreads is not None else [0.0] * len(groups)
         rank = {w: r for r, w in enumerate(order)}
         loads = [_Load(backlog=b) for b in backlog]
         heap = [(loads[w].finish(self.cost), rank[w], w) for w in order]
@@ -344,7 +342,7 @@ class Planner:
         by_cost = sorted(
             range(len(pieces)),
             key=lambda j: (
-                -self.piece_time(groups[pieces[j][0]], predicted[pieces[j][0]], pieces[j][1], sp[pieces[j][0]]),
+                -self.piece_time(groups[pieces[j][0]], predicted[pieces[j][0]], pieces[j][1], spreads[pieces[j][0]]),
                 j,
             ),
         )
@@ -352,7 +350,7 @@ class Planner:
         for j in by_cost:
             i, m = pieces[j]
             _, r, w = heapq.heappop(heap)
-            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m, sp[i])
+            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m, spreads[i])
             assign[j] = w
             heapq.heappush(heap, (loads[w].finish(self.cost), r, w))
         return assign
@@ -361,15 +359,14 @@ class Planner:
         self,
         groups: Sequence[Group],
         predicted: list[float],
+        spreads: Sequence[float],
         pieces: Sequence[tuple[int, int]],
         assign: Sequence[int],
         backlog: Sequence[float],
-        spreads: Sequence[float] | None = None,
     ) -> list[_Load]:
-        sp = spreads if spreads is not None else [0.0] * len(groups)
         loads = [_Load(backlog=b) for b in backlog]
         for (i, m), w in zip(pieces, assign):
-            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m, sp[i])
+            loads[w].add(self.cost, groups[i].prompt_len, int(round(predicted[i])), m, spreads[i])
         return loads
 
     def _build(
@@ -377,11 +374,11 @@ class Planner:
         step: int,
         groups: Sequence[Group],
         predicted: list[float],
+        spreads: Sequence[float],
         pieces: Sequence[tuple[int, int]],
         assign: Sequence[int],
         backlog: list[float],
         longest_first: bool = True,
-        spreads: Sequence[float] | None = None,
     ) -> StepPlan:
         """Turn pieces ``(group, samples)`` and their workers into per-worker request lists."""
         out: list[list[tuple[int, int]]] = [[] for _ in backlog]
@@ -394,7 +391,7 @@ class Planner:
         if longest_first:
             for reqs in out:
                 reqs.sort(key=lambda r: (-predicted[r[0]], r))
-        loads = self._loads(groups, predicted, pieces, assign, backlog, spreads)
+        loads = self._loads(groups, predicted, spreads, pieces, assign, backlog)
         return StepPlan(
             step=step,
             policy=self.config.policy,
