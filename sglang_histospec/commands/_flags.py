@@ -49,3 +49,13 @@ def add_admission_flag(parser: argparse.ArgumentParser) -> None:
         help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
         "later samples start with a finished sibling in the history); fifo: arrival order",
     )
+
+
+def add_sample_spread_flag(parser: argparse.ArgumentParser) -> None:
+    """``--sample-spread`` of the HistoPipe planner (``PlannerConfig.sample_spread``), default off."""
+    parser.add_argument(
+        "--sample-spread",
+        action="store_true",
+        help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
+        "(PlannerConfig.sample_spread; shorter synchronous steps)",
+    )

@@ -18,6 +18,7 @@ HELP = "simulate a trace's rollout steps on W workers under a HistoPipe policy (
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Cost model, predictor and planner flags shared with ``histospec bench pipe``."""
+    from sglang_histospec.commands._flags import add_sample_spread_flag
     from sglang_histospec.pipe.simulator import OVERLAP_MIGRATION
     from sglang_histospec.pipe.worker_cost import CostModelConfig
 
@@ -42,12 +43,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="tier 2 sizes pieces for this quantile of observed actual/predicted length ('none': as predicted; "
         "'auto': 0.9 with --overlap, none without)",
     )
-    p.add_argument(
-        "--sample-spread",
-        action="store_true",
-        help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
-        "(PlannerConfig.sample_spread; shorter synchronous steps)",
-    )
+    add_sample_spread_flag(p)
     p.add_argument("--outlier-factor", type=float, default=1.5)
     p.add_argument("--tail-fraction", type=float, default=0.10)
     p.add_argument(

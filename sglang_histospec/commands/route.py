@@ -16,6 +16,7 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sglang_histospec.commands._flags import add_sample_spread_flag
     from sglang_histospec.pipe.planner import POLICIES
 
     parser.add_argument("--backends", required=True, help="comma-separated base URLs of rollout servers")
@@ -41,12 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --overlap: in the tail, also defer a request past this x the step's mean predicted length",
     )
-    parser.add_argument(
-        "--sample-spread",
-        action="store_true",
-        help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
-        "(PlannerConfig.sample_spread; shorter synchronous steps)",
-    )
+    add_sample_spread_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
