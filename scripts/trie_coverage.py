@@ -20,6 +20,7 @@ import collections
 import json
 
 import sglang_histospec.drafting.anchors as anchors
+from sglang_histospec.drafting.types import accepted_length
 from sglang_histospec.replay.drafters.registry import build_drafter
 from sglang_histospec.replay.simulator import ReplayConfig, replay
 from sglang_histospec.trace.format import load_steps
@@ -32,17 +33,6 @@ def _common(cont, actual) -> int:
     while m < min(len(cont), len(actual)) and cont[m] == actual[m]:
         m += 1
     return m
-
-
-def _accepted(tokens: list[int], parents: list[int], actual) -> int:
-    """Tokens of ``actual`` on one root path of the drafted tree (parents: -1 for a root child)."""
-    node, depth = -1, 0
-    for t in actual:
-        nxt = [i for i, (tok, par) in enumerate(zip(tokens, parents)) if par == node and tok == t]
-        if not nxt:
-            break
-        node, depth = nxt[0], depth + 1
-    return depth
 
 
 def _instrument(budget: int) -> None:
@@ -73,7 +63,7 @@ def _instrument(budget: int) -> None:
             TALLY["drafts"] += 1
             TALLY["depth_all_candidates"] += max((_common(c, actual) for c in p.candidates), default=0)
             TALLY["depth_kept_anchors"] += max((_common(c, actual) for _, c in p.anchors), default=0)
-            TALLY["accepted"] += _accepted(tokens, parents, actual)
+            TALLY["accepted"] += accepted_length(tokens, parents, actual)
             TALLY["expected"] += sum(probs)
             TALLY["best_first_prob"] += max((q for q, par in zip(probs, parents) if par == -1), default=0.0)
             TALLY["first_tokens_proposed"] += len({c[0] for _, c in p.anchors if c})
