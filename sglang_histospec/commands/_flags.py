@@ -52,10 +52,16 @@ def add_admission_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sample_spread_flag(parser: argparse.ArgumentParser) -> None:
-    """``--sample-spread`` of the HistoPipe planner (``PlannerConfig.sample_spread``), default off."""
+    """``--sample-spread`` of the HistoPipe planner (``PlannerConfig.sample_spread``), default ``auto``."""
+    from sglang_histospec.pipe.planner import SAMPLE_SPREAD
+
     parser.add_argument(
         "--sample-spread",
-        action="store_true",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=SAMPLE_SPREAD,
         help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
-        "(PlannerConfig.sample_spread; shorter synchronous steps)",
+        "(on; the flag alone), at their mean (off), or on for synchronous steps and off with one-step overlap "
+        "(auto, the default) (PlannerConfig.sample_spread)",
     )

@@ -19,16 +19,16 @@ from pathlib import Path
 COMMAND = ("bench", "pipe-servers")
 HELP = "HistoPipe policies through the router on real rollout servers (measured) and in the simulator (predicted)"
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "docs" / "data" / "demo_grpo_trace.jsonl.gz"
-SPREAD = "histopipe+spread"
-"""The policy label of histopipe planned with ``PlannerConfig.sample_spread`` (side by side with plain histopipe)."""
+MEAN = "histopipe-mean"
+"""The policy label of histopipe with ``PlannerConfig.sample_spread="off"`` (side by side with the default)."""
 
 
 def _planner(label: str):  # noqa: ANN202
-    """The PlannerConfig of a ``--policies`` label: a policy name, or ``SPREAD``."""
+    """The PlannerConfig of a ``--policies`` label: a policy name, or ``MEAN``."""
     from sglang_histospec.pipe.planner import PlannerConfig
 
-    if label == SPREAD:
-        return PlannerConfig(policy="histopipe", sample_spread=True)
+    if label == MEAN:
+        return PlannerConfig(policy="histopipe", sample_spread="off")
     return PlannerConfig(policy=label)
 
 
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"comma-separated policies; {SPREAD}: histopipe with PlannerConfig.sample_spread",
+        help=f"comma-separated policies; {MEAN}: histopipe with PlannerConfig.sample_spread='off'",
     )
     parser.add_argument("--speculative-algorithm", choices=("NONE", "HISTOSPEC"), default="NONE")
     parser.add_argument("--no-migrate", dest="migrate", action="store_false", help="router without migration")
@@ -234,14 +234,14 @@ def run(args: argparse.Namespace) -> int:
 
     policies = args.policies.split(",")
     if (
-        any(p not in (*POLICIES, SPREAD) for p in policies)
+        any(p not in (*POLICIES, MEAN) for p in policies)
         or args.servers < 1
         or args.steps < 1
         or args.repeats < 1
         or args.length_scale <= 0
     ):
         print(
-            f"error: --policies from {(*POLICIES, SPREAD)}, --servers/--steps/--repeats >= 1, --length-scale > 0",
+            f"error: --policies from {(*POLICIES, MEAN)}, --servers/--steps/--repeats >= 1, --length-scale > 0",
             file=sys.stderr,
         )
         return 2

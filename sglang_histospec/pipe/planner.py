@@ -18,6 +18,8 @@ from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor
 from sglang_histospec.pipe.worker_cost import CostModel
 
 POLICIES = ("round-robin", "lpt", "histopipe")
+SAMPLE_SPREAD = ("auto", "on", "off")
+"""Values of :attr:`PlannerConfig.sample_spread`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,13 +56,21 @@ class PlannerConfig:
     """With one-step overlap: in the tail, also defer a request that has emitted more than this times the step's
     mean predicted length, even when its own history predicted it long (a straggler the step need not wait
     for); None = judge each request against its own prompt's history only."""
-    sample_spread: bool = False
-    """histopipe: price a worker's fixed per-iteration cost at the expected longest of each piece's samples
-    (:func:`longest_length`, from the spread of the prompt's history: its 0.5 and 0.9 quantiles) instead of at
-    their predicted mean; a worker decodes until its longest request ends. Measured (docs/benchmarks.md): shorter
-    synchronous steps, mixed with one-step overlap."""
+    sample_spread: str = "auto"
+    """histopipe (one of ``SAMPLE_SPREAD``): ``on`` prices a worker's fixed per-iteration cost at the expected
+    longest of each piece's samples (:func:`longest_length`, from the spread of the prompt's history: its 0.5 and
+    0.9 quantiles) instead of at their predicted mean, since a worker decodes until its longest request ends;
+    ``off`` prices it at the mean; ``auto`` is ``on`` for synchronous steps and ``off`` with one-step overlap
+    (``Planner.plan(..., overlap=True)``). Measured (docs/benchmarks.md): shorter synchronous steps, a wash with
+    one-step overlap."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.sample_spread, bool):  # the boolean of earlier releases
+            self.sample_spread = "on" if self.sample_spread else "off"
+        if self.sample_spread not in SAMPLE_SPREAD:
+            raise ValueError(
+                f"PlannerConfig.sample_spread={self.sample_spread!r}: choose one of {', '.join(SAMPLE_SPREAD)}"
+            )
         if self.policy not in POLICIES:
             raise ValueError(f"PlannerConfig.policy={self.policy!r}: choose one of {', '.join(POLICIES)}")
         if self.length_quantile is not None and not 0.0 <= self.length_quantile <= 1.0:
@@ -215,11 +225,13 @@ class Planner:
         workers: int,
         lengths: LengthPredictor,
         backlog: Sequence[float] | None = None,
+        overlap: bool = False,
     ) -> StepPlan:
         """Place every request of ``groups`` on ``workers`` workers.
 
         ``backlog``: per worker, predicted time until it can start this step (one-step overlap); only
-        ``histopipe`` uses it. Raises ValueError on an empty step, bad sizes or a backlog of the wrong length.
+        ``histopipe`` uses it. ``overlap``: the step runs with one-step overlap (``sample_spread="auto"`` then
+        prices at the mean). Raises ValueError on an empty step, bad sizes or a backlog of the wrong length.
         """
         if not (isinstance(workers, int) and workers >= 1):
             raise ValueError(f"workers={workers!r}: must be an int >= 1")
@@ -233,7 +245,8 @@ class Planner:
         estimates = [lengths.predict(g.prompt_id) for g in groups]
         predicted = [max(1.0, self.predict(e)) for e in estimates]
         policy = self.config.policy
-        spread = self.config.sample_spread and policy == "histopipe"  # lpt stays the textbook baseline
+        mode = self.config.sample_spread
+        spread = policy == "histopipe" and (mode == "on" or (mode == "auto" and not overlap))  # lpt: textbook
         spreads = [length_spread(e) if spread else 0.0 for e in estimates]
         if policy == "round-robin":
             pieces = [(i, g.size) for i, g in enumerate(groups)]
@@ -464,13 +477,14 @@ def plan(
     config: PlannerConfig | None = None,
     cost: CostModel | None = None,
     backlog: Sequence[float] | None = None,
+    overlap: bool = False,
 ) -> Placement:
     """Place one step's requests on ``workers`` rollout workers without the router (for verl, slime, AReaL...).
 
     ``prompts``: per prompt ``Group`` or ``(prompt_id, samples[, prompt_len])``, each prompt id once.
     ``history``: a :class:`LengthPredictor` kept across steps (feed it with ``add(prompt_id, step, lengths)``)
     or a plain ``{prompt_id: [response lengths seen before]}``. ``backlog``: per worker, seconds of work still
-    queued from the previous step (one-step overlap). Example::
+    queued from the previous step; ``overlap``: the step runs with one-step overlap. Example::
 
         placement = plan(3, [("a", 2), ("b", 2)], workers=2, history={"a": [900, 1000], "b": [100]})
         placement.workers   # [[("a", 1)], [("a", 0), ("b", 0), ("b", 1)]]: the long group split
@@ -484,7 +498,7 @@ def plan(
     if not (isinstance(step, int) and step >= 0):
         raise ValueError(f"step={step!r}: must be an int >= 0")
     predictor = history if isinstance(history, LengthPredictor) else _predictor_from(history, step)
-    step_plan = Planner(cost, config).plan(step, groups, workers, predictor, backlog=backlog)
+    step_plan = Planner(cost, config).plan(step, groups, workers, predictor, backlog=backlog, overlap=overlap)
     placed = [[(groups[g].prompt_id, s) for g, s in reqs] for reqs in step_plan.workers]
     return Placement(placed, list(step_plan.predicted_finish), step_plan)
 

@@ -359,7 +359,9 @@ class _Run:
             predictor = LengthPredictor(LengthPredictorConfig(window=1))
             for g, ns in zip(work.groups, work.lengths):
                 predictor.add(g.prompt_id, work.step, ns)
-        plan = self.sim.planner.plan(work.step, work.groups, len(self.workers), predictor, backlog=backlog)
+        plan = self.sim.planner.plan(
+            work.step, work.groups, len(self.workers), predictor, backlog=backlog, overlap=self.cfg.overlap
+        )
         self.plans[s] = plan
         self.step_mean[s] = plan.mean_predicted()
         self.history[s] = sum(predictor.predict(g.prompt_id).known for g in work.groups) / len(work.groups)

@@ -469,7 +469,9 @@ class Router:
             )
         groups = [Group(pid, group_size, len(ids)) for pid, ids in prompts]
         with self._lock:
-            plan = self.planner.plan(step, groups, len(live), self.predictor, backlog=backlog)
+            plan = self.planner.plan(
+                step, groups, len(live), self.predictor, backlog=backlog, overlap=self.config.overlap
+            )
         items: list[dict[str, Any]] = []
         for pid, ids in prompts:
             for _ in range(group_size):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
 from sglang_histospec.pipe.planner import (
     POLICIES,
+    SAMPLE_SPREAD,
     Group,
     Planner,
     PlannerConfig,
@@ -152,10 +153,10 @@ def test_worker_sim_queue_partial_advance_and_remove() -> None:
     policy=st.sampled_from(POLICIES),
     step=st.integers(0, 5),
     backlog=st.lists(st.floats(0, 50), min_size=6, max_size=6),
-    spread=st.booleans(),
+    spread=st.sampled_from([True, False, *SAMPLE_SPREAD]),
 )
 def test_every_request_placed_exactly_once(
-    sizes: list[int], lengths: list[int], workers: int, policy: str, step: int, backlog: list[float], spread: bool
+    sizes: list[int], lengths: list[int], workers: int, policy: str, step: int, backlog: list[float], spread: object
 ) -> None:
     groups = [Group(f"p{i}", n, prompt_len=10 * i) for i, n in enumerate(sizes)]
     # odd prompts unknown; the known ones with two lengths, so that their history has a spread
@@ -253,17 +254,23 @@ def test_length_spread(estimate: LengthEstimate, expected: float) -> None:
 
 def test_sample_spread_prices_a_piece_at_its_longest_sample_and_splits_a_wide_group() -> None:
     # one second per iteration and nothing else: a worker's time is its longest request's length
-    planner = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe", sample_spread=True))
+    planner = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe", sample_spread="on"))
     assert planner.piece_time(Group("g", 8), 100.0, 8) == 100.0
     assert planner.piece_time(Group("g", 8), 100.0, 8, spread=0.5) == 181.0  # iterations of round(180.8)
     assert planner.piece_time(Group("g", 8), 100.0, 1, spread=0.5) == 100.0
     predictor = _predictor({"wide": [40, 60, 80, 100, 100, 120, 200, 400], "n1": [130] * 8, "n2": [130] * 8})
     groups = [Group("wide", 8), Group("n1", 8), Group("n2", 8)]
-    off = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe")).plan(0, groups, 2, predictor)
+    off = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe", sample_spread="off")).plan(
+        0, groups, 2, predictor
+    )
     on = planner.plan(0, groups, 2, predictor)
     assert off.splits == [1, 1, 1] and on.splits[0] == 2  # its 8 samples are not 8 x 137.5 tokens: split them
     assert on.check(groups) is None and max(on.predicted_finish) > max(off.predicted_finish)
-    lpt = PlannerConfig(policy="lpt", sample_spread=True)  # lpt stays the classic baseline
+    auto = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe"))  # the default: on unless overlapped
+    assert auto.plan(0, groups, 2, predictor).workers == on.workers
+    assert auto.plan(0, groups, 2, predictor, overlap=True).workers == off.workers
+    assert planner.plan(0, groups, 2, predictor, overlap=True).workers == on.workers
+    lpt = PlannerConfig(policy="lpt", sample_spread="on")  # lpt stays the classic baseline
     assert Planner(CostModel(UNIT), lpt).plan(0, groups, 2, predictor).workers == (
         Planner(CostModel(UNIT), PlannerConfig(policy="lpt")).plan(0, groups, 2, predictor).workers
     )
@@ -356,11 +363,18 @@ def test_plan_call_rejects_bad_input(args: tuple, match: str) -> None:
         ("max_deferrals", 1.5),
         ("defer_step_factor", 0.0),
         ("defer_step_factor", -1.0),
+        ("sample_spread", "sometimes"),
+        ("sample_spread", None),
     ],
 )
 def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         PlannerConfig(**{field: value})
+
+
+@pytest.mark.parametrize(("given", "kept"), [(True, "on"), (False, "off"), ("auto", "auto")])
+def test_planner_config_sample_spread_takes_the_old_boolean(given: object, kept: str) -> None:
+    assert PlannerConfig(sample_spread=given).sample_spread == kept  # type: ignore[arg-type]
 
 
 def test_plan_call_docstring_example() -> None:

@@ -79,6 +79,16 @@ def test_histopipe_beats_round_robin_on_long_tailed_lengths() -> None:
     assert ov.makespan < hp.makespan and ov.idle_fraction < hp.idle_fraction
 
 
+@pytest.mark.parametrize(("overlap", "same_as"), [(False, "on"), (True, "off")])
+def test_sample_spread_auto_follows_the_mode(overlap: bool, same_as: str) -> None:
+    steps = _long_tailed()
+    auto = _sim("histopipe", 4, overlap).run(steps)
+    forced = _sim("histopipe", 4, overlap, sample_spread=same_as).run(steps)
+    other = _sim("histopipe", 4, overlap, sample_spread="off" if same_as == "on" else "on").run(steps)
+    assert auto.makespan == forced.makespan and auto.per_step == forced.per_step
+    assert other.makespan != auto.makespan  # the modes differ on this trace, so the check above has teeth
+
+
 def test_oracle_plans_with_realized_lengths() -> None:
     steps = _long_tailed()
     oracle = _sim("histopipe", 8, cost=HEAVY)
@@ -324,13 +334,13 @@ def test_bench_pipe_servers_helpers() -> None:
 
 @pytest.mark.parametrize(
     ("label", "policy", "spread"),
-    [("lpt", "lpt", False), ("histopipe", "histopipe", False), ("histopipe+spread", "histopipe", True)],
+    [("lpt", "lpt", "auto"), ("histopipe", "histopipe", "auto"), ("histopipe-mean", "histopipe", "off")],
 )
-def test_bench_pipe_servers_policy_labels(label: str, policy: str, spread: bool) -> None:
+def test_bench_pipe_servers_policy_labels(label: str, policy: str, spread: str) -> None:
     from sglang_histospec.commands.bench_pipe_servers import _planner
 
     planner = _planner(label)
-    assert planner.policy == policy and planner.sample_spread is spread
+    assert planner.policy == policy and planner.sample_spread == spread
 
 
 def test_cli_bench_pipe_servers_refuses_bad_flags(capsys) -> None:  # noqa: ANN001
