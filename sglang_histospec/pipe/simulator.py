@@ -27,7 +27,7 @@ from sglang_histospec.pipe.planner import (
 from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.pipe.worker_sim import WorkerSim
 
-OVERLAP_MIGRATION = ("off", "drain", "always")
+OVERLAP_MIGRATION = ("off", "drain", "always", "stay")
 """Values of :attr:`PipeSimConfig.overlap_migration`."""
 CHECK_INTERVAL = 0.01
 """Outlier scans of a step's tail are at least this share of the step's elapsed time apart."""
@@ -71,7 +71,9 @@ class PipeSimConfig:
     requests, and one that may not be deferred stays. ``drain``: a deferred request continues on an idle worker
     when there is one (alone: no batch-mates slow it), and in the last step (nothing to defer to) a straggler
     past the deferral threshold moves to an idle worker, as in synchronous mode. ``always``: also mid-run, a
-    straggler deferred ``max_deferrals`` times moves to an idle worker. Each request migrates at most once."""
+    straggler deferred ``max_deferrals`` times moves to an idle worker. Each request migrates at most once.
+    ``stay``: a deferred request keeps running on its worker without a pause, beside the worker's share of the
+    next step (what the router does with a backend that updates its weights in flight; nothing migrates)."""
     steal: bool = False
     """With overlap (opt-in, like ``overlap_migration``): a worker that has finished its share of a step and would
     wait takes part of the unstarted share of the same step from a worker still on an earlier step (late binding:
@@ -426,7 +428,8 @@ class _Run:
             limit = self._threshold(r.step, r)
             if not r.done + worker.generated_at(key, t) > limit:
                 when = worker.time_when(key, math.floor(limit) + 1 - r.done)
-                next_check = min(next_check, max(when, t + CHECK_INTERVAL * (t - self.start[r.step])))
+                later = max(when, t + CHECK_INTERVAL * (t - self.start[r.step]), math.nextafter(t, math.inf))
+                next_check = min(next_check, later)  # strictly later: a finish due at t is handled first
                 continue
             moved = self._defer(key, w, t) if action == "defer" else self._migrate(key, w, t)
             self.waiting = self.waiting or not moved
@@ -534,6 +537,8 @@ class _Run:
         s = self.reqs[key].step
         if s + 1 >= len(self.steps) or key not in self.workers[w].running:
             return True
+        if self.cfg.overlap_migration == "stay":
+            return self._relabel(key, w, t)
         r = self._take(key, w, t)
         if r is None:
             return True
@@ -567,6 +572,26 @@ class _Run:
             self.unfinished[s + 1] += 1
         else:
             self.carry.setdefault(s + 1, []).append((key, w))
+        if self.unfinished[s] == 0:
+            self.end[s] = max(self.end[s], t)
+            self._step_complete(s, t)
+        if self.out[w] == 0:
+            self._try_start(w, t)
+        return True
+
+    def _relabel(self, key: tuple, w: int, t: float) -> bool:
+        """Defer running ``key`` where it runs (``overlap_migration="stay"``): it counts for the next step and no
+        longer holds worker ``w`` on its step."""
+        r = self.reqs[key]
+        s = r.step
+        r.step, r.moves = s + 1, r.moves + 1
+        self.moves[s] += 1
+        self.unfinished[s] -= 1
+        self.total[s + 1] += 1
+        self.unfinished[s + 1] += 1
+        self.start[s + 1] = min(self.start[s + 1], t)  # it runs for step s + 1 from now
+        self._release(key, w)  # off w's count of step s ...
+        self.guests.add(key)  # ... and not counted again when it finishes
         if self.unfinished[s] == 0:
             self.end[s] = max(self.end[s], t)
             self._step_complete(s, t)

@@ -149,6 +149,24 @@ def test_overlap_defers_outliers_to_the_next_step() -> None:
     assert result.per_step[0].end < sync.per_step[0].end
 
 
+@pytest.mark.parametrize(("rule", "makespan"), [("off", 3384.0), ("drain", 3384.0), ("stay", 3000.0)])
+def test_a_deferred_request_that_stays_is_not_paused(rule: str, makespan: float) -> None:
+    # 1 s per iteration, round-robin: worker 0 runs "a" (an outlier: 3000 tokens, history 10) and "d" (400), worker
+    # 1 "b" (400) and "e" (10). "a" is deferred at 16 s while both workers are still on step 1: off and drain queue
+    # it at the head of worker 0's next share (it resumes when "d" ends at 400 s); with stay it runs on.
+    predictor = LengthPredictor()
+    for pid, n in (("a", 10), ("b", 400), ("d", 400), ("e", 10), ("c", 10)):
+        predictor.add(pid, 0, [n, n])
+    work = [
+        StepWork(1, [Group("a", 1), Group("b", 1), Group("d", 1), Group("e", 1)], [[3000], [400], [400], [10]]),
+        StepWork(2, [Group("c", 2)], [[10, 10]]),
+    ]
+    sim = _sim("round-robin", 2, overlap=True, cost=UNIT, tail_fraction=0.75, overlap_migration=rule)
+    result = sim.run(work, predictor=predictor)
+    assert result.migrations == 1 and [s.requests for s in result.per_step] == [3, 3]
+    assert result.per_step[0].end == 400.0 and result.makespan == makespan
+
+
 @pytest.mark.parametrize(
     ("max_deferrals", "moves", "requests"), [(1, 1, [2, 3, 2]), (2, 2, [2, 2, 3]), (5, 2, [2, 2, 3])]
 )
