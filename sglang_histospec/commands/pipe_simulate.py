@@ -63,7 +63,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         choices=OVERLAP_MIGRATION,
         default="off",
         help="overlap: where stragglers go (off: deferred ones to the next step's least-loaded worker; drain: to an "
-        "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times; stay: deferred ones keep running where they are, as the router does)",
+        "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times; "
+        "stay: deferred ones keep running where they are, as the router does)",
     )
     p.add_argument(
         "--steal",
