@@ -67,6 +67,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "stay: deferred ones keep running where they are, as the router does)",
     )
     p.add_argument(
+        "--router-gate",
+        action="store_true",
+        help="overlap: step s starts once step s-1 is complete, on every worker at once (the router's overlap; "
+        "with --overlap-migration stay it models histospec route --overlap)",
+    )
+    p.add_argument(
         "--steal",
         action="store_true",
         help="overlap: a waiting worker takes part of a late worker's unstarted share of its step",
@@ -118,6 +124,7 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
             oracle=oracle,
             overlap_migration=args.overlap_migration,
             steal=args.steal,
+            router_gate=args.router_gate,
         ),
         planner,
         cost,

@@ -74,6 +74,10 @@ class PipeSimConfig:
     straggler deferred ``max_deferrals`` times moves to an idle worker. Each request migrates at most once.
     ``stay``: a deferred request keeps running on its worker without a pause, beside the worker's share of the
     next step (what the router does with a backend that updates its weights in flight; nothing migrates)."""
+    router_gate: bool = False
+    """With overlap: step s starts only once step s-1 is complete (its requests answered or deferred), on every
+    worker at once: the router's overlap, where the client's next step call comes when the step call returns.
+    With ``overlap_migration="stay"`` this models :meth:`Router.overlap_step`; False = the pipeline above."""
     steal: bool = False
     """With overlap (opt-in, like ``overlap_migration``): a worker that has finished its share of a step and would
     wait takes part of the unstarted share of the same step from a worker still on an earlier step (late binding:
@@ -232,7 +236,7 @@ class _Run:
         W = sim.config.workers
         self.sim, self.steps, self.predictor, self.progress = sim, steps, predictor, progress
         self.cost, self.cfg, self.pcfg = sim.cost, sim.config, sim.planner.config
-        self.lag = 2 if sim.config.overlap else 1
+        self.lag = 2 if sim.config.overlap and not sim.config.router_gate else 1
         self.workers = [WorkerSim(self.cost) for _ in range(W)]
         self.version = [0] * W
         self.heap: list[tuple[float, int, int]] = []

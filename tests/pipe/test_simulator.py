@@ -242,6 +242,26 @@ def test_a_waiting_worker_steals_the_unstarted_share_of_a_late_one(steal: bool, 
     assert result.makespan == makespan and [s.requests for s in result.per_step] == [4, 4]
 
 
+@pytest.mark.parametrize(("router_gate", "makespan"), [(False, 110.0), (True, 200.0)])
+def test_router_gate_starts_a_step_when_the_last_one_is_complete(router_gate: bool, makespan: float) -> None:
+    # 1 s per iteration, round-robin: worker 0 runs "a" (10) then "c" (100), worker 1 "b" (100) then "d" (10).
+    # The pipeline lets worker 0 start "c" at 10 s; the router's gate holds it until step 1 completes at 100 s.
+    predictor = LengthPredictor()
+    for pid, n in (("a", 10), ("b", 100), ("c", 100), ("d", 10)):
+        predictor.add(pid, 0, [n])
+    work = [
+        StepWork(1, [Group("a", 1), Group("b", 1)], [[10], [100]]),
+        StepWork(2, [Group("c", 1), Group("d", 1)], [[100], [10]]),
+    ]
+    sim = PipeSimulator(
+        PipeSimConfig(workers=2, overlap=True, outliers=False, router_gate=router_gate),
+        PlannerConfig(policy="round-robin"),
+        CostModel(UNIT),
+    )
+    result = sim.run(work, predictor=predictor)
+    assert result.makespan == makespan and [s.requests for s in result.per_step] == [2, 2]
+
+
 def test_pipe_sim_config_rejects_an_unknown_migration_rule() -> None:
     with pytest.raises(ValueError, match="overlap_migration"):
         PipeSimConfig(overlap_migration="sometimes")
