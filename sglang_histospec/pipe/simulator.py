@@ -576,11 +576,7 @@ class _Run:
             self.unfinished[s + 1] += 1
         else:
             self.carry.setdefault(s + 1, []).append((key, w))
-        if self.unfinished[s] == 0:
-            self.end[s] = max(self.end[s], t)
-            self._step_complete(s, t)
-        if self.out[w] == 0:
-            self._try_start(w, t)
+        self._deferred_from(s, w, t)
         return True
 
     def _relabel(self, key: tuple, w: int, t: float) -> bool:
@@ -596,12 +592,17 @@ class _Run:
         self.start[s + 1] = min(self.start[s + 1], t)  # it runs for step s + 1 from now
         self._release(key, w)  # off w's count of step s ...
         self.guests.add(key)  # ... and not counted again when it finishes
+        self._deferred_from(s, w, t)
+        return True
+
+    def _deferred_from(self, s: int, w: int, t: float) -> None:
+        """A request of step ``s`` left worker ``w``'s count at ``t``: complete ``s`` if it was the last, and move
+        ``w`` on if it has nothing left of its step."""
         if self.unfinished[s] == 0:
             self.end[s] = max(self.end[s], t)
             self._step_complete(s, t)
         if self.out[w] == 0:
             self._try_start(w, t)
-        return True
 
     # ---- results -------------------------------------------------------------------------------------------
     def _steady_idle(self) -> float | None:
