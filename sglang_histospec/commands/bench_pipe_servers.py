@@ -193,7 +193,10 @@ def _simulate(policy: str, workers: int, cost, work, overlap: bool = False) -> d
     from sglang_histospec.pipe.lengths import LengthPredictorConfig
     from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator
 
-    config = PipeSimConfig(workers=workers, overlap=overlap)
+    # with overlap, the router's own rules: a step starts once the last one is complete, deferred requests run on
+    config = PipeSimConfig(
+        workers=workers, overlap=overlap, router_gate=overlap, overlap_migration="stay" if overlap else "off"
+    )
     r = PipeSimulator(config, _planner(policy), cost, LengthPredictorConfig(2)).run(work)
     span = r.makespan if overlap else sum(s.makespan for s in r.per_step)
     return {"makespan": span, "idle_fraction": r.idle_fraction,
