@@ -87,7 +87,7 @@ class ChatTask:
 
 def demo_family(name: str, num_prompts: int, seed: int = 0) -> ChatFamily:
     """The demo's task family; the held-out family is refused (it stays out of every tuned run)."""
-    if name == HELD_OUT:
+    if name in HELD_OUT:
         raise ValueError(f"family {name!r} is held out of tuning; use another family for the demo (e.g. arith)")
     return make_family(name, num_prompts, seed)
 

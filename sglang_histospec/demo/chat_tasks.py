@@ -1,6 +1,6 @@
 """Task families in chat form with verifiable rewards, for real instruct models (SmolLM2) under GRPO.
 
-Each family (``arith``, ``sort``, ``units``: ``FAMILIES``) makes a fixed prompt set from a seed (stable
+Each family (``arith``, ``sort``, ``units``, and the long-response ``ledger`` and ``report``: ``FAMILIES``) makes a fixed prompt set from a seed (stable
 ``prompt_id`` s, repeated every epoch), scores a completion by its final ``Answer:`` line, and writes reference
 solutions for a short supervised warm-up on problems *outside* the prompt set.
 
@@ -64,6 +64,13 @@ UNITS = (  # (big unit, small unit, factor, smallest unit, factor)
     ("kilograms", "grams", 1000, "milligrams", 1000),
     ("meters", "centimeters", 100, "millimeters", 10),
 )
+
+
+def plural(word: str) -> str:
+    """English plural of one of ``WORDS``. Example: ``plural("peach")`` -> ``"peaches"``."""
+    if word.endswith(("ch", "sh", "s", "x")):
+        return word + "es"
+    return word[:-1] + "ies" if word.endswith("y") and word[-2] not in "aeiou" else word + "s"
 
 
 @dataclass(frozen=True)
@@ -216,9 +223,111 @@ class UnitsFamily(ChatFamily):
         return "\n".join(lines + [f"Answer: {total} {small}"])
 
 
-FAMILIES = {f.name: f for f in (ArithFamily, SortFamily, UnitsFamily)}
-HELD_OUT = "units"
-"""The family kept out of every tuning decision (drafter and engine defaults are tuned on the others)."""
+class LedgerFamily(ChatFamily):
+    """``ledger``: nine to twelve stock movements, each computed, checked by its inverse and carried forward.
+
+    A long step-by-step solution with checks (a reference solution is 350-550 tokens of SmolLM2's tokenizer).
+    """
+
+    name = "ledger"
+    MOVES = (("received", "+"), ("shipped", "-"), ("returned", "+"), ("sold", "-"))
+
+    def make(self, index: int, rng: random.Random) -> ChatPrompt:
+        stock = start = rng.randint(40, 200)
+        moves = []
+        for _ in range(rng.randint(9, 12)):
+            word, op = rng.choice(self.MOVES)
+            n = rng.randint(3, 60)
+            if op == "-" and n > stock:
+                word, op = "received", "+"
+            stock = stock + n if op == "+" else stock - n
+            moves.append((word, op, n))
+        said = ", ".join(f"{w} {n}" for w, _, n in moves)
+        text = (
+            f"A warehouse starts the day with {start} boxes. In order: {said}. For each movement write the "
+            "calculation, check it by reversing it, and give the new stock, one movement per line. Finish with "
+            "'Answer: <number>'."
+        )
+        return ChatPrompt(f"ledger-{index:04d}", text, str(stock), (start, tuple(moves)))
+
+    def solution(self, prompt: ChatPrompt, rng: random.Random) -> str:
+        start, moves = prompt.data
+        style = rng.randrange(3)
+        lines = [
+            ["The warehouse opens with {v} boxes.", "Opening stock: {v} boxes.", "We begin with {v} boxes."][
+                style
+            ].format(v=start)
+        ]
+        stock = start
+        for k, (word, op, n) in enumerate(moves, 1):
+            new = stock + n if op == "+" else stock - n
+            inverse = f"{new} - {n} = {stock}" if op == "+" else f"{new} + {n} = {stock}"
+            lines.append(
+                [f"Step {k}: {word} {n}. {stock} {op} {n} = {new}. Check: {inverse}. Stock: {new}.",
+                 f"{k}. {word.capitalize()} {n}: {stock} {op} {n} = {new} (check {inverse}), now {new} boxes.",
+                 f"Movement {k}, {word} {n}: {stock} {op} {n} = {new}. Reversed, {inverse}, correct. Stock is {new}."
+                 ][style]
+            )  # fmt: skip
+            stock = new
+        lines.append(f"The day ends with {stock} boxes.")
+        lines.append(f"Answer: {stock}")
+        return "\n".join(lines)
+
+
+class ReportFamily(ChatFamily):
+    """``report``: an inventory report, one section per item (quantity, price, subtotal, running total, a note).
+
+    A structured report (a reference solution is 350-550 tokens of SmolLM2's tokenizer).
+    """
+
+    name = "report"
+    NOTES = (
+        ("Reorder soon: fewer than 10 left.", "Low stock, order more this week.", "Running low; reorder."),
+        ("Enough in stock for now.", "Stock is fine.", "No reorder needed."),
+    )
+
+    def make(self, index: int, rng: random.Random) -> ChatPrompt:
+        names = rng.sample(WORDS, rng.randint(6, 8))
+        items = tuple((w, rng.randint(2, 40), rng.randint(2, 25)) for w in names)
+        total = sum(q * price for _, q, price in items)
+        said = "; ".join(f"{q} {plural(w)} at {price} dollars each" for w, q, price in items)
+        text = (
+            f"Write an inventory report for: {said}. Give each item its own section with the quantity, the unit "
+            "price, the subtotal, the running total and a note on whether to reorder (reorder below 10). Finish "
+            "with 'Answer: <total> dollars'."
+        )
+        return ChatPrompt(f"report-{index:04d}", text, f"{total} dollars", items)
+
+    def solution(self, prompt: ChatPrompt, rng: random.Random) -> str:
+        style = rng.randrange(3)
+        lines = [["# Inventory report", "Inventory report", "# Stock report"][style], ""]
+        running = 0
+        for k, (word, q, price) in enumerate(prompt.data, 1):
+            sub = q * price
+            before, running = running, running + sub
+            note = rng.choice(self.NOTES[0] if q < 10 else self.NOTES[1])
+            lines += [
+                [
+                    f"## {k}. {plural(word).capitalize()}",
+                    f"Item {k}: {plural(word)}",
+                    f"### {plural(word).capitalize()}",
+                ][style],
+                f"- Quantity: {q}",
+                f"- Unit price: {price} dollars",
+                f"- Subtotal: {q} x {price} = {sub} dollars",
+                f"- Running total: {before} + {sub} = {running} dollars",
+                f"- Note: {note}",
+                "",
+            ]
+        lines.append(f"Total value: {running} dollars.")
+        lines.append(f"Answer: {running} dollars")
+        return "\n".join(lines)
+
+
+FAMILIES = {f.name: f for f in (ArithFamily, SortFamily, UnitsFamily, LedgerFamily, ReportFamily)}
+HELD_OUT = frozenset({"units", "report"})
+"""The families kept out of every tuning decision (drafter and engine defaults are tuned on the others): ``units``
+among the short ones, ``report`` among the long ones."""
 
 
 def make_family(name: str, num_prompts: int = 16, seed: int = 0) -> ChatFamily:
