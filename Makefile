@@ -54,8 +54,8 @@ results: install
 	$(PY) scripts/render_results.py
 
 # Rerun the headline benchmarks (about 30 minutes on a 2-vCPU machine; the SmolLM2 engine runs need the policies that
-# `histospec demo` caches, the peers `make install-peers`), refresh their JSON, then render. List them first with
-# `$(PY) scripts/render_results.py --run --dry-run`.
+# `histospec demo` caches, the peers `make install-peers`), replace their JSON (new files named by date and commit:
+# `git add -A docs/data/results`), then render. List them first with `$(PY) scripts/render_results.py --run --dry-run`.
 results-run: install
 	$(PY) scripts/render_results.py --run
 

@@ -651,13 +651,15 @@ def policy_dir(family: str) -> str:
     return str(found[-1])
 
 
-def run_all(dry_run: bool) -> int:
+def run_all(dry_run: bool, only: set[str] | None = None) -> int:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     day = date.today().isoformat()
     print(f"# {len(RUNS)} runs, about {sum(r.minutes for r in RUNS):.0f} minutes; results at commit {commit}")
     for run in RUNS:
+        if only and run.what not in only:
+            continue
         out = RESULTS / f"{run.what}_{day}_{commit}.{run.ext}"
         fields = {"out": os.path.relpath(out, REPO)}
         if "{policy_" in run.command:
@@ -669,7 +671,8 @@ def run_all(dry_run: bool) -> int:
         if dry_run:
             continue
         out.unlink(missing_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # python, histospec
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PATH": path}
         subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, env=env, check=True)
         for old in RESULTS.iterdir():
             m = NAME.match(old.name)
@@ -683,9 +686,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is stale")
     ap.add_argument("--run", action="store_true", help="rerun the headline benchmarks first (about 30 minutes)")
     ap.add_argument("--dry-run", action="store_true", help="with --run: list the commands, run nothing")
+    ap.add_argument("--only", default=None, help="with --run: these results only (comma-separated names)")
     args = ap.parse_args(argv)
     if args.run:
-        run_all(args.dry_run)
+        only = set(args.only.split(",")) if args.only else None
+        unknown = (only or set()) - {r.what for r in RUNS}
+        if unknown:
+            raise ValueError(f"--only {sorted(unknown)}: not rerun by --run; choose from {[r.what for r in RUNS]}")
+        run_all(args.dry_run, only)
         if args.dry_run:
             return 0
     stale = render_files(check=args.check)
