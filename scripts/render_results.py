@@ -440,16 +440,35 @@ LOCKSTEP_COLUMNS = ("histospec", "NGRAM same corpus", "NGRAM as deployed", "suff
 
 
 def lockstep_column(row: dict) -> str | None:
-    """Which column of the lockstep table a replay row fills (None: not shown).
+    """Which column of the lockstep table a replay row fills (None: not shown, e.g. a tuning sweep's row).
 
     Example: ``{"drafter": "sglang-ngram", "peer_reset": "step"}`` -> ``"NGRAM as deployed"``.
     """
     drafter, reset = row.get("drafter"), row.get("peer_reset")
+    if row.get("label", drafter) != drafter and not str(row.get("label")).startswith(f"{drafter}@"):
+        return None  # histospec[KEY=VALUE] of scripts/replay_matrix.py --hs
     if drafter == "sglang-ngram":
         return "NGRAM as deployed" if reset == "step" else "NGRAM same corpus"
     if drafter in ("histospec", "suffix", "rhymerl") and reset != "step":
         return drafter
     return None
+
+
+def lockstep_cells(paths: list[Path]) -> tuple[dict[tuple[str, int], dict[str, float]], set[str]]:
+    """{(schedule, budget): {column: tau}} over one trace's files, and the commits their rows name."""
+    cells: dict[tuple[str, int], dict[str, float]] = {}
+    commits = set()
+    for path in paths:
+        for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip()):
+            col = lockstep_column(row)
+            if col is None:
+                continue
+            cell = cells.setdefault((row.get("schedule", "sequential"), row["budget"]), {})
+            cell[col] = row["tau"]
+            if col == "histospec" and row.get("oracle_tau") is not None:
+                cell["oracle"] = row["oracle_tau"]
+            commits.add(str(row.get("commit", "unknown")))
+    return cells, commits
 
 
 def lockstep_tables(results: Path, doc: Path) -> str:
@@ -463,22 +482,11 @@ def lockstep_tables(results: Path, doc: Path) -> str:
         return "No `replay_<trace>_<schedule>.jsonl` files yet."
     parts = []
     for trace, paths in sorted(by_trace.items()):
-        cells: dict[tuple[str, int], dict[str, float]] = {}
-        for path in paths:
-            for line in path.read_text().splitlines():
-                row = json.loads(line) if line.strip() else None
-                col = lockstep_column(row) if row else None
-                if col is None:
-                    continue
-                cell = cells.setdefault((row.get("schedule", "sequential"), row["budget"]), {})
-                cell[col] = row["tau"]
-                if row.get("oracle_tau") is not None and col == "histospec":
-                    cell["oracle"] = row["oracle_tau"]
-        rows = [
-            [sched, str(n), *(f2(c.get(col)) for col in LOCKSTEP_COLUMNS)] for (sched, n), c in sorted(cells.items())
-        ]
+        cells, commits = lockstep_cells(paths)
+        rows = [[s, str(n), *(f2(c.get(col)) for col in LOCKSTEP_COLUMNS)] for (s, n), c in sorted(cells.items())]
         files = ", ".join(f"[`{p.name}`]({os.path.relpath(p, doc.parent)})" for p in paths)
-        parts.append(f"**{trace}** ({files}):\n\n" + table(["schedule", "N", *LOCKSTEP_COLUMNS], rows))
+        where = f"{files}; commit {', '.join(f'`{c}`' for c in sorted(commits))}; {MACHINE}"
+        parts.append(f"**{trace}** ({where}):\n\n" + table(["schedule", "N", *LOCKSTEP_COLUMNS], rows))
     return "\n\n".join(parts)
 
 

@@ -75,7 +75,7 @@ LOCKSTEP_ROWS = [
 
 def _write_lockstep(path: Path, rows) -> None:
     keys = ("schedule", "drafter", "peer_reset", "budget", "tau", "oracle_tau")
-    lines = [{**dict(zip(keys, r)), "draft_us_p50": 10.0, "draft_us_p99": 40.0} for r in rows]
+    lines = [{**dict(zip(keys, r)), "draft_us_p50": 10.0, "draft_us_p99": 40.0, "commit": "abc1234"} for r in rows]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -93,6 +93,7 @@ def test_lockstep_tables_one_per_trace(tmp_path):
     assert "| lockstep | 8 | 4.50 | – | 2.50 | – | – | 7.00 |" in toy
     assert "| lockstep | 16 | 5.50 | – | – | – | – | 9.00 |" in toy
     assert "| sequential | 8 | 5.00 | 3.80 | 2.90 | 3.20 | 2.00 | 7.50 |" in toy
+    assert "commit `abc1234`" in toy
 
 
 @pytest.mark.parametrize(
@@ -104,6 +105,8 @@ def test_lockstep_tables_one_per_trace(tmp_path):
         ({"drafter": "suffix", "peer_reset": "step"}, None),
         ({"drafter": "histospec"}, "histospec"),
         ({"drafter": "prompt-lookup"}, None),
+        ({"drafter": "sglang-ngram", "label": "sglang-ngram@step", "peer_reset": "step"}, "NGRAM as deployed"),
+        ({"drafter": "histospec", "label": "histospec[window=2]"}, None),
     ],
 )
 def test_lockstep_column(row, column):
