@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?=
 EXTRAS ?= dev,trl,notebooks,models
 
-.PHONY: install install-sglang test test-all demo bench lint format clean install-peers notebooks
+.PHONY: install install-sglang test test-all demo bench results results-run lint format clean install-peers notebooks
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,17 @@ notebooks: install
 
 bench: install
 	$(VENV)/bin/histospec bench index --json
+
+# The tables of docs/results.md and README.md, rendered from the JSON under docs/data/results/ (tests/test_results_docs.py
+# checks they match).
+results: install
+	$(PY) scripts/render_results.py
+
+# Rerun the headline benchmarks (about 30 minutes on a 2-vCPU machine; the SmolLM2 engine runs need the policies that
+# `histospec demo` caches, the peers `make install-peers`), replace their JSON (new files named by date and commit:
+# `git add -A docs/data/results`), then render. List them first with `$(PY) scripts/render_results.py --run --dry-run`.
+results-run: install
+	$(PY) scripts/render_results.py --run
 
 lint: install
 	$(VENV)/bin/ruff check .

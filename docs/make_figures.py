@@ -1,14 +1,14 @@
 """Regenerate the README's plot: tau vs draft budget per drafter, by exact replay of the demo's real GRPO trace.
 
-Every point is one ``histospec replay TRACE --drafter D --budget N --json --no-progress`` run (the same commands and
-flags as docs/benchmarks.md "## Replay"); the raw JSON objects are written next to the PNG so each plotted value can
-be traced to its run. The peers (``sglang-ngram``, ``suffix``) need ``make install-peers``; a drafter whose package
+Every point is one ``histospec replay TRACE --drafter D --budget N --json --no-progress`` run; the raw JSON objects go
+to ``--json-out`` (by default ``docs/data/results/replay_demo-grpo-trace_drafters_<date>_<commit>.json``, the file
+docs/results.md renders its table from), so each plotted value can be traced to its run. The peers (``sglang-ngram``, ``suffix``) need ``make install-peers``; a drafter whose package
 is missing is skipped with a note, never plotted with made-up values. tau is an exact count, so reruns give the same
 figure on any machine (the drafter defaults at the time of the run decide it).
 
 Example::
 
-    .venv/bin/python docs/make_figures.py          # -> docs/img/tau_vs_budget.png and docs/img/tau_vs_budget.json
+    .venv/bin/python docs/make_figures.py   # -> docs/img/tau_vs_budget.png, docs/data/results/replay_demo-grpo-trace_...
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import argparse
 import json
 import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 DEFAULT_TRACE = DOCS / "data" / "demo_grpo_trace.jsonl.gz"
 BUDGETS = (2, 4, 8, 16, 32)
-# (drafter, extra flags, plot style); flags as in docs/benchmarks.md "## Replay".
+# (drafter, extra flags, plot style).
 DRAFTERS = (
     ("histospec", (), {"color": "C3", "marker": "o", "linewidth": 2.4}),
     ("sglang-ngram", ("--ngram-capacity", "200000"), {"color": "C0", "marker": "s"}),
@@ -45,6 +46,15 @@ def replay(trace: Path, drafter: str, budget: int, flags: tuple[str, ...]) -> di
     row = json.loads(proc.stdout.strip().splitlines()[-1])
     row["command"] = "histospec " + " ".join(cmd[3:])
     return row
+
+
+def default_json_out() -> Path:
+    """``docs/data/results/replay_demo-grpo-trace_drafters_<date>_<commit>.json``."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    name = f"replay_demo-grpo-trace_drafters_{date.today().isoformat()}_{commit.stdout.strip()}.json"
+    return DOCS / "data" / "results" / name
 
 
 def plot(rows: list[dict], trace: Path, out_png: Path) -> None:
@@ -80,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="rollout trace (.jsonl or .jsonl.gz)")
     parser.add_argument("--out", type=Path, default=DOCS / "img" / "tau_vs_budget.png", help="PNG to write")
+    parser.add_argument("--json-out", type=Path, default=None, help="raw JSON of every run (default: see above)")
     args = parser.parse_args(argv)
     if not args.trace.is_file():
         raise ValueError(f"trace {args.trace} not found; pass --trace PATH to a trace written by `histospec demo`")
@@ -94,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no drafter could be replayed; nothing plotted", file=sys.stderr)
         return 1
     plot(rows, args.trace, args.out)
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    json_out = args.json_out or default_json_out()
+    json_out.write_text(json.dumps(rows, indent=1) + "\n")
     print(json.dumps({"png": str(args.out), "runs": len(rows)}))
     return 0
 

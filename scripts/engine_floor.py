@@ -1,11 +1,11 @@
 """What HistoSpec costs where it never drafts: four embedded engines side by side on ``bench engine``'s workload.
 
 Builds, in this order, a plain engine, a HistoSpec engine whose governor never drafts (``explore_budget=0``), a
-HistoSpec engine with today's defaults and a second plain engine (the A/A), warms each up, and runs the epochs with
+HistoSpec engine with the defaults and a second plain engine (the A/A), warms each up, and runs the epochs with
 the engines taking steps in turn (``bench engine``'s interleaving, the heap frozen as there). Prints one JSON line:
 per epoch each engine's tokens/s over the first plain engine's, the default engine's tau and governor counters
 (since the start), and every engine's forward passes. A measuring aid for
-docs/benchmarks.md, not a benchmark of its own. Example::
+docs/results.md ("Engine"), not a benchmark of its own. Example::
 
     python scripts/engine_floor.py --batch 16 --num-prompts 64 --epochs 4
 """

@@ -1,12 +1,12 @@
 """Where the realised path lies in the anchor scorer's trie: exact replay with the reference backend, per draft.
 
-For every draft of ``histospec replay TRACE --drafter histospec --budget N`` (today's defaults, the Python reference
+For every draft of ``histospec replay TRACE --drafter histospec --budget N`` (the default drafter, the Python reference
 of the anchor scorer, which drafts exactly as the native one) this reads, once the tokens that followed are known:
 how deep the realised continuation (its first N tokens) runs in the trie of every candidate anchor found, in the
 trie of the ``MAX_ANCHORS`` anchors kept, and in the N nodes drafted (the accepted tokens); the sum of the drafted
 nodes' calibrated path probabilities (the accepted tokens the scorer expects), the best first token's probability,
 and how many distinct first tokens the kept anchors propose. Prints one JSON line of per-draft means. A measuring
-aid for docs/benchmarks.md ("Drafter quality"), not a benchmark: it wraps the reference backend's methods.
+aid for docs/results.md ("Drafting quality"), not a benchmark: it wraps the reference backend's methods.
 
 Example::
 

@@ -1,7 +1,7 @@
 """``histospec bench engine``: tokens/s of the embedded engine with HistoSpec, without it, and HF ``generate``.
 
 Rollout epochs of a fixed prompt set (epoch 0 fills the history, the later ones are measured); the JSON holds
-medians over the measured epochs and the speedups. Workload and every figure: docs/benchmarks.md, "What the bench
+medians over the measured epochs and the speedups. Workload and every figure: docs/results.md, "What the bench
 commands measure"; measured runs: its "Engine" section.
 
 Example::

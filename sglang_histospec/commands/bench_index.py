@@ -2,7 +2,7 @@
 
 A batch of requests decodes responses that resemble their prompts' synthetic history, driving the backend
 interface the facade calls (``set_history``, ``start``, ``extend``, ``draft_batch``). Workload and every figure:
-docs/benchmarks.md, "What the bench commands measure"; measured runs: its "History index" section.
+docs/results.md, "What the bench commands measure"; measured runs: its "History index" section.
 
 Example: ``histospec bench index --prompts 8 --length 512 --steps 20 --json``
 """

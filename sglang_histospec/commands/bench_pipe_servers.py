@@ -2,8 +2,8 @@
 
 Starts CPU rollout servers, fits the cost model to them (:func:`calibrate`), replays trace steps through the
 router once per policy and compares the servers' own step makespans and idle time with the simulator's. Workload,
-``--overlap`` and every figure: docs/benchmarks.md, "What the bench commands measure"; measured runs: its "Real
-rollout servers" section. Example::
+``--overlap`` and every figure: docs/results.md, "What the bench commands measure"; measured runs: its "HistoPipe"
+section. Example::
 
     histospec bench pipe-servers --steps 8 --json     # the last stdout line holds every figure
 """

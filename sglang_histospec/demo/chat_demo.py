@@ -43,7 +43,7 @@ def demo_run_config(quick: bool = False, epochs: int | None = None, seed: int = 
 
     Why 4: on a CPU a step of 16 requests is compute-bound (one draft row costs about half a request's row, so
     only nodes that are almost sure pay); at 4 a step is closer to the memory-bound regime a GPU is in at far
-    larger batches (docs/benchmarks.md, the engine's batch sweep)."""
+    larger batches (docs/results.md, "Engine")."""
     return GRPORunConfig(
         epochs=epochs or (2 if quick else 4),
         num_prompts=4,

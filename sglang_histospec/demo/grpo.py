@@ -2,7 +2,7 @@
 
 :func:`run_grpo` trains for a number of epochs and returns per-epoch rewards and drafting figures, writing every
 response with its reward to a trace (docs/replay.md section 1); ``GRPORunConfig.side_by_side`` also times a
-plain-decoding replay of every rollout. Measured runs: docs/benchmarks.md, "Demo on SmolLM2-135M-Instruct".
+plain-decoding replay of every rollout. Measured runs: docs/results.md, "Demo".
 
 Example::
 

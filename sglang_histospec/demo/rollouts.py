@@ -108,7 +108,7 @@ def index_seed(seed: int, epoch: int, index: int, sample: int) -> int:
 SEEDINGS = ("hash", "index")
 """How ``epoch_requests`` seeds a request. ``hash``: :func:`request_seed` of the prompt id (the demo's rollouts,
 ``demo/record.py`` and the traces in ``docs/data/`` were sampled with it); ``index``: :func:`index_seed` of the
-prompt's position (``histospec bench engine``: the figures of ``docs/benchmarks.md`` were measured with it). Both
+prompt's position (``histospec bench engine``: the figures of ``docs/results.md`` were measured with it). Both
 stay: either one alone would change the other's committed figures."""
 
 

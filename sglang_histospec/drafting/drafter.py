@@ -54,8 +54,7 @@ class DrafterConfig:
     """True: counts sum the weights of all occurrences; False: the largest single occurrence weight decides."""
     sources: tuple[str, ...] = ("history", "siblings", "self", "global")
     """Enabled draft sources, a subset of ("history", "siblings", "self", "global"); their drafts are merged into
-    one tree with averaged path probabilities (docs/drafting.md section 6; docs/benchmarks.md "Drafter quality"
-    compares subsets)."""
+    one tree with averaged path probabilities (docs/drafting.md section 6)."""
     capacity_tokens: int = 50_000_000
     """History capacity in tokens (tails included); least-recently-used prompts are evicted whole beyond it."""
     max_prompts: int = 1_000_000

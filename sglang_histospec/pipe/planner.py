@@ -2,8 +2,8 @@
 
 A step is a list of :class:`Group` (one prompt, ``size`` samples); a policy (``round-robin``, ``lpt`` or
 ``histopipe``, RhymeRL's two tiers as we reconstruct them: :class:`Planner`) returns a :class:`StepPlan`, each
-worker's requests in start order. :func:`plan` is the entry point for an RL framework's own rollout manager (README,
-"HistoPipe without the router"); measured runs: docs/benchmarks.md, "HistoPipe".
+worker's requests in start order. :func:`plan` is the entry point for an RL framework's own rollout manager
+(docs/serving.md, "HistoPipe without the router"); measured runs: docs/results.md, "HistoPipe".
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class PlannerConfig:
     split_error_quantile: float | None = None
     """Tier 2 sizes each group's pieces so they fit the target even when the group runs this quantile of the
     predictor's observed actual/predicted ratio longer than predicted (robust to drift); None = as predicted.
-    Measured (docs/benchmarks.md): 0.9 lowers idle time with one-step overlap and costs in synchronous steps."""
+    Measured with ``histospec bench pipe`` (2026-12-04): 0.9 lowers idle time with one-step overlap and costs in
+    synchronous steps."""
     outlier_factor: float = 1.5
     """A request is an outlier once it has emitted more than this times its predicted mean (and its p90)."""
     tail_fraction: float = 0.10
@@ -61,8 +62,8 @@ class PlannerConfig:
     longest of each piece's samples (:func:`longest_length`, from the spread of the prompt's history: its 0.5 and
     0.9 quantiles) instead of at their predicted mean, since a worker decodes until its longest request ends;
     ``off`` prices it at the mean; ``auto`` is ``on`` for synchronous steps and ``off`` with one-step overlap
-    (``Planner.plan(..., overlap=True)``). Measured (docs/benchmarks.md): shorter synchronous steps, a wash with
-    one-step overlap."""
+    (``Planner.plan(..., overlap=True)``). Measured with ``histospec bench pipe`` (2026-12-04): shorter synchronous
+    steps, a wash with one-step overlap."""
 
     def __post_init__(self) -> None:
         if isinstance(self.sample_spread, bool):  # the boolean of earlier releases

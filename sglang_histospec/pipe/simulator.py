@@ -3,7 +3,7 @@
 :class:`PipeSimulator` plans every step of a workload (groups with their realized response lengths) with a
 :class:`Planner`, runs it on simulated continuous-batching workers, migrates or (with one-step overlap, one step
 off-policy) defers outliers, and reports makespan, its lower bound, idle and tail shares (modes, outlier rules and
-metrics: its class docstring; measured runs: docs/benchmarks.md, "HistoPipe"). Example: :class:`PipeSimulator`.
+metrics: its class docstring; measured runs: docs/results.md, "HistoPipe"). Example: :class:`PipeSimulator`.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class PipeSimConfig:
     """Plan every step with its realized lengths (each group's mean) instead of history: a reference that
     separates prediction error from what placement alone can reach."""
     overlap_migration: str = "off"
-    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``; opt-in: docs/benchmarks.md, "Long-tailed
-    traces", says when). ``off``: a deferred request continues on the worker of the next step with the fewest
+    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``; opt-in: docs/results.md, "HistoPipe",
+    says when). ``off``: a deferred request continues on the worker of the next step with the fewest
     requests, and one that may not be deferred stays. ``drain``: a deferred request continues on an idle worker
     when there is one (alone: no batch-mates slow it), and in the last step (nothing to defer to) a straggler
     past the deferral threshold moves to an idle worker, as in synchronous mode. ``always``: also mid-run, a

@@ -38,7 +38,7 @@ def test_epoch_requests_hash_seeding_is_the_demos():
 
 def test_epoch_requests_index_seeding_is_the_benchmarks():
     reqs = epoch_requests(PROMPTS, 2, 1.0, 8, 2, 3, seeding="index")
-    # seed * 1_000_003 + epoch * 10_007 + prompt index * 101 + sample: the seeds of docs/benchmarks.md's figures
+    # seed * 1_000_003 + epoch * 10_007 + prompt index * 101 + sample: the seeds of docs/results.md's engine figures
     assert [r.sampling.seed for r in reqs] == [2030027, 2030028, 2030128, 2030129]
     assert index_seed(2, 3, 1, 2) == 2030130 and not any(r.return_logprob for r in reqs)
     assert [r.rid for r in reqs] == [r.rid.replace("e1-", "e3-") for r in epoch_requests(PROMPTS, 2, 1.0, 8, 0, 1)]
