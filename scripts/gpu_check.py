@@ -14,7 +14,7 @@ and prints a short table. Sections:
   ``--time-budget-s``, is skipped with its reason.
 - ``projection``: speedup ~ tau x t(1 row) / t(1+N rows) for the replayed tau of every committed trace at draft
   budget N (``docs/data/results/replay_rw_*.jsonl``): a projection, not a measurement (drafting time and the cost
-  cut left out; t at 1+N rows interpolated between measured rows).
+  cut left out; t at 1+N rows interpolated between measured rows, ``tk_from`` says which).
 
 Example (from the repository root; the package is imported from the tree)::
 
@@ -61,6 +61,10 @@ MEMORY_HEADROOM = 0.9
 """A cell runs when its estimated bytes fit in this share of the free memory."""
 GROWTH = 2.5
 """A cell is predicted to take at most this many times the previous cell's pass (rows double, or batch grows)."""
+MIN_SIZE_S = 60
+"""A model size starts only with this many seconds of the budget left (building an 8B model takes some of them)."""
+EXTRAPOLATE = 0.125
+"""The projection extrapolates a pass's time at most this share past the largest measured rows (32 -> 33 rows)."""
 GREEDY_PROMPTS, GREEDY_NEW_TOKENS = 16, 32
 PROJECTION_LABEL = (
     "PROJECTION, not a measurement: speedup ~ tau x t(1 row) / t(1+N rows) per request at batch B, tau from the "
@@ -296,8 +300,8 @@ def _size_skip_reason(cfg: CheckConfig, weights: int, deadline: Deadline) -> str
     free = free_bytes(cfg.device)
     if weights > MEMORY_HEADROOM * free:
         return f"weights {weights / 2**30:.1f} GiB > {MEMORY_HEADROOM} x free {free / 2**30:.1f} GiB"
-    if deadline.left() < 20:
-        return f"time budget: {deadline.left():.0f} s left"
+    if deadline.left() < MIN_SIZE_S:
+        return f"time budget: {max(0, deadline.left()):.0f} s left, {MIN_SIZE_S} s needed to build and time a model"
     return None
 
 
@@ -383,12 +387,13 @@ def replayed_tau() -> dict[str, dict]:
 
 
 def interpolate(points: dict[int, float], rows: int) -> float | None:
-    """Pass time at ``rows`` rows, linear between the measured rows (and past the last along its last segment).
+    """Pass time at ``rows`` rows: linear between the measured rows, and along the last segment up to
+    ``EXTRAPOLATE`` past the last measured rows (None further out, or below the first).
 
-    Example: ``interpolate({1: 1.0, 2: 1.5, 4: 2.5}, 3)`` is 2.0; ``interpolate({1: 1.0, 2: 1.5, 4: 2.5}, 5)`` 3.0.
+    Example: ``interpolate({1: 1.0, 2: 1.5, 4: 2.5}, 3)`` is 2.0; ``interpolate({4: 2.5, 8: 4.5}, 9)`` is 5.0.
     """
     xs = sorted(points)
-    if len(xs) < 2 or rows < xs[0]:
+    if len(xs) < 2 or not xs[0] <= rows <= xs[-1] * (1 + EXTRAPOLATE):
         return points.get(rows)
     right = next((i for i, x in enumerate(xs) if x >= rows), len(xs) - 1)
     lo, hi = xs[max(right - 1, 0)], xs[max(right, 1)]
@@ -424,7 +429,7 @@ def _project_batch(trace: str, replay: dict, size: str, batch: int, points: dict
         speedup = None if t1 is None or tk is None else round(tau * t1 / tk, 3)
         out.append({"trace": trace, "replay_file": replay["file"], "size": size, "batch": batch, "budget": budget,
                     "tau": tau, "t1_ms": t1, "tk_ms": None if tk is None else round(tk, 4),
-                    "tk_measured": budget + 1 in points, "projected_speedup": speedup})  # fmt: skip
+                    "tk_from": _source(points, budget + 1), "projected_speedup": speedup})  # fmt: skip
     return out
 
 
@@ -474,6 +479,12 @@ def _projection_lines(proj: dict) -> list[str]:
         text = "".join(f"{_best_cell(per_batch.get(b)):>12s}" for b in batches)
         lines.append(f"  {trace:36s} {size:5s}{text}")
     return lines
+
+
+def _source(points: dict[int, float], rows: int) -> str:
+    if rows in points:
+        return "measured"
+    return "extrapolated" if rows > max(points) else "interpolated"
 
 
 def _best_cell(row: dict | None) -> str:

@@ -85,7 +85,8 @@ def test_cpu_path_projects_every_committed_trace(cpu_run):
         ({1: 1.0, 2: 1.5, 4: 2.5}, 1, 1.0),
         ({1: 1.0, 2: 1.5, 4: 2.5}, 3, 2.0),  # between measured rows
         ({1: 1.0, 2: 1.5, 4: 2.5}, 4, 2.5),
-        ({1: 1.0, 2: 1.5, 4: 2.5}, 5, 3.0),  # past the last, along its last segment
+        ({1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5}, 9, 5.0),  # just past the last, along its last segment
+        ({1: 1.0, 2: 1.5, 4: 2.5}, 5, None),  # too far past it
         ({1: 1.0}, 1, 1.0),
         ({1: 1.0}, 2, None),
         ({2: 1.0, 4: 2.0}, 1, None),
@@ -101,7 +102,7 @@ def test_projection_uses_the_replayed_tau_and_lists_traces_without_one():
     taus = {some_trace: {"file": "f.jsonl", "tau": {4: 3.0}}}
     rows = gc_mod.projection(forward, taus)["rows"]
     [row] = [r for r in rows if r["trace"] == some_trace]
-    assert (row["budget"], row["tk_ms"], row["tk_measured"], row["projected_speedup"]) == (4, 5.0, False, 0.6)
+    assert (row["budget"], row["tk_ms"], row["tk_from"], row["projected_speedup"]) == (4, 5.0, "interpolated", 0.6)
     assert all(r["tau"] is None for r in rows if r["trace"] != some_trace)
 
 
