@@ -86,12 +86,16 @@ class CheckConfig:
     context: int = 512
     """Cached tokens every request attends to (prompt and response so far)."""
     repeats: int = 5
+    """Timed passes per cell; the cell's figure is their median."""
     warmup: int = 1
+    """Untimed passes before them."""
     time_budget_s: float = 420.0
     """Cells (and model sizes) that would end past this many seconds from the start are skipped."""
     pytest_timeout_s: float = 150.0
+    """The gpu-marked tests are stopped after this long (or a third of the budget left, if less)."""
     run_tests: bool = True
     out: str = "gpu_check.json"
+    """The JSON file written."""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
