@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -138,6 +139,20 @@ class Deadline:
         return self.end - time.monotonic()
 
 
+def guarded(fn, *args, label: dict | None = None):
+    """``fn(*args)``, or where it raises ``{**label, "error", "traceback"}``: one broken part of the engine on a
+    new device must not cost the other sections their run. Example: ``guarded(int, "x")["error"]`` starts with
+    ``"ValueError: invalid literal"``."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # recorded in the JSON, not hidden
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        lines = traceback.format_exc().strip().splitlines()
+        return {**(label or {}), "error": f"{type(exc).__name__}: {exc}"[:500], "traceback": lines[-8:]}
+
+
 # ---------------------------------------------------------------------------------------------------- environment
 def environment(cfg: CheckConfig) -> dict:
     """Interpreter, libraries, device, and which drafter backend the engine gets here."""
@@ -171,7 +186,7 @@ def greedy_identity(cfg: CheckConfig) -> list[dict]:
     dtypes = list(dict.fromkeys([cfg.dtype, "float32"]))
     with tempfile.TemporaryDirectory() as tmp:
         random_model("tiny", seed=3).save_pretrained(tmp)
-        return [_greedy_one(tmp, cfg.device, dtype) for dtype in dtypes]
+        return [guarded(_greedy_one, tmp, cfg.device, dtype, label={"dtype": dtype}) for dtype in dtypes]
 
 
 def _greedy_requests(tag: str) -> list[GenerateRequest]:
@@ -443,9 +458,9 @@ def table(data: dict) -> str:
     env = data["env"]
     lines = [f"gpu_check on {env['device']} ({data['config']['dtype']}), torch {env['torch']}, "
              f"drafter {env['drafter_backend']}"]  # fmt: skip
-    for g in data.get("greedy", []):
-        rounds = ", ".join(f"{r['identical']}/{r['requests']} tau {r['tau']:.2f}" for r in g["rounds"])
-        lines.append(f"greedy identity {g['dtype']}: {'IDENTICAL' if g['identical'] else 'DIFFERS'} ({rounds})")
+    greedy = data.get("greedy", [])
+    for g in [greedy] if isinstance(greedy, dict) else greedy:
+        lines.append(_greedy_line(g))
     tests = data.get("gpu_tests", {})
     for t in tests.get("tests", []):
         lines.append(f"gpu test {t['outcome']:7s} {t['id']}  {t['message'][:80]}")
@@ -456,11 +471,19 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _greedy_line(g: dict) -> str:
+    if "error" in g:
+        return f"greedy identity {g.get('dtype', '')}: ERROR {g['error'][:200]}"
+    rounds = ", ".join(f"{r['identical']}/{r['requests']} tau {r['tau']:.2f}" for r in g["rounds"])
+    return f"greedy identity {g['dtype']}: {'IDENTICAL' if g['identical'] else 'DIFFERS'} ({rounds})"
+
+
 def _forward_lines(forward: dict, rows: list[int]) -> list[str]:
     lines = ["verify pass ms (rows per request ->)", "size  batch " + "".join(f"{r:>9d}" for r in rows)]
     for size, result in forward.items():
-        if "skipped" in result:
-            lines.append(f"{size:5s} skipped: {result['skipped']}")
+        for key in ("skipped", "error"):
+            if key in result:
+                lines.append(f"{size:5s} {key}: {result[key][:200]}")
         by_cell = {(c["batch"], c["rows"]): c for c in result.get("cells", [])}
         for batch in sorted({b for b, _ in by_cell}):
             cells = [by_cell.get((batch, r), {"status": "-"}) for r in rows]
@@ -528,13 +551,16 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_transformers()
     deadline, report = Deadline(cfg.time_budget_s), Report(cfg.out)
     report.data.update(config=asdict(cfg), env=environment(cfg), forward={})
-    report.data["greedy"] = greedy_identity(cfg)
+    report.data["greedy"] = guarded(greedy_identity, cfg, label={"section": "greedy"})
     report.save()
     if cfg.run_tests:
-        report.data["gpu_tests"] = run_gpu_tests(cfg, deadline)
+        report.data["gpu_tests"] = guarded(run_gpu_tests, cfg, deadline)
         report.save()
     for size in cfg.sizes:
-        time_forward(cfg, size, deadline, report)
+        failed = guarded(time_forward, cfg, size, deadline, report)
+        if "error" in failed:  # the cells measured before it stay
+            report.data["forward"].setdefault(size, {"cells": []}).update(failed)
+        report.save()
     report.data["projection"] = projection(report.data["forward"], replayed_tau())
     report.data["seconds"] = round(time.monotonic() - started, 1)
     report.save()
