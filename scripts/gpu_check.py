@@ -501,10 +501,10 @@ def _projection_lines(proj: dict) -> list[str]:
             kept = per_batch.get(row["batch"], row)
             per_batch[row["batch"]] = max(kept, row, key=lambda r: r["projected_speedup"])
     batches = sorted({b for per_batch in best.values() for b in per_batch})
-    lines = [proj.get("label", ""), "best x speedup (N) per batch:".ljust(44) + "".join(f"{b:>12d}" for b in batches)]
+    lines = [proj.get("label", ""), "best x speedup (N) per batch:".ljust(46) + "".join(f"{b:>12d}" for b in batches)]
     for (trace, size), per_batch in sorted(best.items()):
         text = "".join(f"{_best_cell(per_batch.get(b)):>12s}" for b in batches)
-        lines.append(f"  {trace:36s} {size:5s}{text}")
+        lines.append(f"  {trace:38s} {size:5s}{text}")
     return lines
 
 
