@@ -146,11 +146,12 @@ def guarded(fn, *args, label: dict | None = None):
     try:
         return fn(*args)
     except Exception as exc:  # recorded in the JSON, not hidden
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
         lines = traceback.format_exc().strip().splitlines()
-        return {**(label or {}), "error": f"{type(exc).__name__}: {exc}"[:500], "traceback": lines[-8:]}
+        failure = {**(label or {}), "error": f"{type(exc).__name__}: {exc}"[:500], "traceback": lines[-8:]}
+    gc.collect()  # after the except block: the traceback's frames no longer hold the failed part's tensors
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return failure
 
 
 # ---------------------------------------------------------------------------------------------------- environment
@@ -361,11 +362,14 @@ def _time_cell(cfg, size, fwd, cache, batch, rows, deadline, last) -> dict:
         return _skipped(batch, rows, f"time budget: ~{predicted:.1f} s needed, {max(0, deadline.left()):.1f} s left")
     if cfg.device != "cpu":
         torch.cuda.reset_peak_memory_stats(cfg.device)
+    times, oom = [], None
     try:
         times = _timed_passes(cfg, fwd, cache, batch, rows)
     except torch.OutOfMemoryError as exc:
+        oom = f"out of memory: {str(exc)[:160]}"
+    if oom:  # freed here, where the exception's frames no longer hold the pass's tensors
         torch.cuda.empty_cache()
-        return {**_skipped(batch, rows, f"out of memory: {str(exc)[:160]}"), "status": "oom"}
+        return {**_skipped(batch, rows, oom), "status": "oom"}
     last[0] = statistics.median(times)
     cell = {"batch": batch, "rows": rows, "status": "ok", "median_ms": round(1e3 * last[0], 4),
             "times_ms": [round(1e3 * t, 4) for t in times]}  # fmt: skip

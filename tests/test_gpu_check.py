@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
@@ -178,3 +181,31 @@ def test_table_shows_a_failed_section():
     text = gc_mod.table(data)
     assert "greedy identity bfloat16: ERROR RuntimeError: boom" in text
     assert "8b    error: RuntimeError: no kernel" in text
+
+
+def _tiny_forward(tmp_path, **overrides):
+    cfg = gc_mod.CheckConfig(device="cpu", sizes=["tiny"], out=str(tmp_path / "x.json"), **overrides)
+    report = gc_mod.Report(cfg.out)
+    report.data["forward"] = {}
+    return gc_mod.time_forward(cfg, "tiny", gc_mod.Deadline(300.0), report)
+
+
+def test_a_cache_that_would_not_fit_skips_its_cells_with_the_figures(tmp_path):
+    result = _tiny_forward(tmp_path, batches=[256], rows=[1, 2], context=10**9)
+    assert [c["status"] for c in result["cells"]] == ["skipped", "skipped"]
+    assert all(c["reason"].startswith("KV cache") and "GiB > 0.9 x free" in c["reason"] for c in result["cells"])
+
+
+def test_an_out_of_memory_pass_is_recorded_and_the_next_cell_runs(tmp_path, monkeypatch):
+    real, calls = gc_mod._timed_passes, []
+
+    def first_runs_out(*args):  # a CPU cannot run out of device memory on demand
+        calls.append(args)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(*args)
+
+    monkeypatch.setattr(gc_mod, "_timed_passes", first_runs_out)
+    result = _tiny_forward(tmp_path, batches=[1], rows=[1, 2], repeats=1)
+    assert [c["status"] for c in result["cells"]] == ["oom", "ok"]
+    assert result["cells"][0]["reason"].startswith("out of memory: CUDA out of memory")
