@@ -56,7 +56,7 @@ SIZES = ("0.5b", "1.5b", "8b")
 BATCHES = (1, 8, 32, 128, 256)
 ROWS = (1, 2, 4, 8, 16, 32)
 REPLAYS = "docs/data/results/replay_rw_*.jsonl"
-"""Exact replays of today's default drafter on the committed traces (docs/benchmarks.md, "rewritten anchors")."""
+"""Exact replays of the default drafter (as at 9f7e93f: docs/benchmarks.md, "rewritten anchors") of the committed traces."""
 TRACES = "docs/data/*.jsonl.gz"
 MEMORY_HEADROOM = 0.9
 """A cell runs when its estimated bytes fit in this share of the free memory."""

@@ -52,7 +52,7 @@ def verify_pass(fwd: TreeForward, cache: KVCache, batch: int, extra: int, contex
     torch.softmax(fwd.logits(hidden.reshape(batch * n, -1)), dim=-1)
 
 
-_verify_pass = verify_pass  # the name of docs/data/results/engine-session17/rows.py
+_verify_pass = verify_pass  # the old name, imported by an archived measuring script under docs/data/results/
 
 
 def profile_verify(
