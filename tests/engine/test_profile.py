@@ -6,7 +6,7 @@ import pytest
 
 from sglang_histospec.engine import EngineConfig
 from sglang_histospec.engine.engine import Engine
-from sglang_histospec.engine.profile import design_points, profile_verify
+from sglang_histospec.engine.profile import design_points, profile_verify, verify_pass
 from tests.helpers.engine_tools import torch_threads
 from tests.helpers.tiny import make_tiny_model_dir
 
@@ -64,3 +64,26 @@ def test_the_profile_leaves_the_cache_as_a_plain_engine_has_it(tmp_path):
         for e in engines:
             e.reserve(40)
     assert [(e._cache.slots, e._cache.capacity) for e in engines] == [(8, 64), (8, 64)]
+
+
+@pytest.mark.parametrize(
+    "capacity, batch, extra, context, written",
+    [
+        (64, 2, 3, 5, range(5, 9)),  # 4 rows after 5 cached keys
+        (64, 1, 0, 0, range(0, 1)),
+        (8, 3, 2, 40, range(5, 8)),  # the context shrinks to what the capacity leaves
+        (4, 1, 9, 0, range(0, 4)),  # and so do the rows
+    ],
+)
+def test_verify_pass_writes_its_rows_after_the_context(tmp_path, capacity, batch, extra, context, written):
+    from sglang_histospec.engine.model import TreeForward
+    from sglang_histospec.models.shapes import random_model
+
+    with torch_threads(1):
+        fwd = TreeForward(random_model("tiny"))
+        cache = fwd.new_cache(max_slots=4, max_capacity=capacity)
+        cache.ensure(4, capacity)
+        verify_pass(fwd, cache, batch, extra, context=context)
+    touched = cache.data.abs().sum(dim=(0, 1, 3, 5)) > 0  # [slots, capacity]
+    assert touched[:batch].nonzero()[:, 1].unique().tolist() == list(written)
+    assert not touched[batch:].any()
