@@ -1,7 +1,7 @@
 """Durable drafter history: a write-ahead log of pushes and step ends, compacted into snapshots; no torch.
 
 A change is acknowledged only after its log record is fsync'd, so a kill -9 loses nothing acknowledged
-(:class:`DurableHistory`; record layout: :class:`HistoryLog`; README, "Durability and limits"). Example::
+(:class:`DurableHistory`; record layout: ``history_scan``; docs/reliability.md). Example::
 
     store = DurableHistory("/tmp/h", DrafterConfig())     # ValueError if the directory cannot be written
     drafter = store.restore()                             # snapshot + log, or an empty drafter
@@ -12,20 +12,25 @@ A change is acknowledged only after its log record is fsync'd, so a kill -9 lose
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import stat
-import struct
-import zlib
 from typing import Any
+
+from sglang_histospec.drafting.history_scan import (
+    LOG_NAME,
+    MAGIC,
+    MAGIC_SIZE,
+    SNAPSHOT_NAME,
+    HistoryCorrupt,
+    encode_record,
+    fsync_dir,
+    scan_log,
+)
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"HSPWAL\x00\x01"
-_RECORD = struct.Struct("<IIQ")
-SNAPSHOT_NAME = "history.snapshot"
-LOG_NAME = "history.wal"
+__all__ = ["LOG_NAME", "SNAPSHOT_NAME", "DurableHistory", "HistoryCorrupt", "HistoryLog", "HistoryWriteError"]
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -37,23 +42,16 @@ def _write_all(fd: int, data: bytes) -> None:
     os.fsync(fd)
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename or a new file in directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class HistoryLog:
-    """An append-only, fsync'd, checksummed record log.
+    """An append-only, fsync'd, checksummed record log (layout: ``history_scan.MAGIC``).
 
-    Log layout: ``MAGIC`` then records ``<length u32> <crc32 u32> <seq u64> <payload: UTF-8 JSON>``.
+    Opening never changes acknowledged records: :meth:`records` cuts only a torn tail (a crash mid-append) and
+    raises :class:`HistoryCorrupt` for anything else that fails a check.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.version = 2
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         self._fd = os.open(path, flags, 0o644)
         mode = os.fstat(self._fd).st_mode
@@ -63,7 +61,7 @@ class HistoryLog:
         self._size = os.fstat(self._fd).st_size
         if self._size == 0:
             _write_all(self._fd, MAGIC)
-            self._size = len(MAGIC)
+            self._size = MAGIC_SIZE
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -71,39 +69,29 @@ class HistoryLog:
             self._fd = -1
 
     def records(self) -> list[tuple[int, dict[str, Any]]]:
-        """Every intact record as (seq, payload); a torn or corrupt tail is cut off (it was never acknowledged)."""
+        """Every record as (seq, payload). A torn last record (never acknowledged) is cut off; a corrupt one
+        raises :class:`HistoryCorrupt` (nothing is cut)."""
         with open(self.path, "rb") as f:
             data = f.read()
-        if len(data) < len(MAGIC) and MAGIC.startswith(data):  # a crash while the log was being created
+        if len(data) < MAGIC_SIZE and MAGIC.startswith(data):  # a crash while the log was being created
             os.ftruncate(self._fd, 0)
             _write_all(self._fd, MAGIC)
             data = MAGIC
-        if data[: len(MAGIC)] != MAGIC:
-            raise ValueError(f"history log {self.path}: not a histospec log (bad magic); move it away to start empty")
-        out: list[tuple[int, dict[str, Any]]] = []
-        pos = len(MAGIC)
-        while pos + _RECORD.size <= len(data):
-            length, crc, seq = _RECORD.unpack_from(data, pos)
-            payload = data[pos + _RECORD.size : pos + _RECORD.size + length]
-            if len(payload) < length or zlib.crc32(payload) != crc:
-                break
-            try:
-                record = json.loads(payload)
-            except ValueError:
-                break
-            out.append((seq, record))
-            pos += _RECORD.size + length
-        if pos != len(data):
-            logger.warning("history log %s: cutting %d bytes of a torn last record", self.path, len(data) - pos)
-            os.ftruncate(self._fd, pos)
+        scan = scan_log(self.path, data)
+        if scan.problem is not None:
+            raise HistoryCorrupt(scan)
+        if scan.torn_bytes:
+            logger.warning("history log %s: cutting %d bytes of a torn last record", self.path, scan.torn_bytes)
+            os.ftruncate(self._fd, scan.end)
             os.fsync(self._fd)
-        self._size = pos
-        return out
+        self.version, self._size = scan.version, scan.end
+        return scan.records
 
     def append(self, seq: int, record: dict[str, Any]) -> None:
         """Append one record durably; OSError if it could not be (the log is then as before)."""
-        payload = json.dumps(record, separators=(",", ":")).encode()
-        data = _RECORD.pack(len(payload), zlib.crc32(payload), seq) + payload
+        data = encode_record(seq, record, self.version)
+        if self._size == 0:  # a reset that failed after emptying the file
+            data = MAGIC + data
         try:
             _write_all(self._fd, data)
         except OSError:
@@ -113,10 +101,15 @@ class HistoryLog:
         self._size += len(data)
 
     def reset(self) -> None:
-        """Empty the log (after a snapshot holds every record)."""
-        os.ftruncate(self._fd, len(MAGIC))
-        os.fsync(self._fd)
-        self._size = len(MAGIC)
+        """Empty the log (after a snapshot holds every record); it is written in the current format from then on."""
+        if self.version == 2:
+            os.ftruncate(self._fd, MAGIC_SIZE)
+            os.fsync(self._fd)
+        else:  # a format 1 log becomes format 2 (an empty file is a new log, should this fail half-way)
+            os.ftruncate(self._fd, 0)
+            self.version, self._size = 2, 0
+            _write_all(self._fd, MAGIC)
+        self._size = MAGIC_SIZE
 
 
 class DurableHistory:
@@ -129,7 +122,8 @@ class DurableHistory:
     loses nothing acknowledged. A snapshot (``drafting/snapshot.py``, atomic) records the sequence number of the last
     record it holds; the log is then emptied. Restore = snapshot, then every record with a larger sequence number
     (records already in the snapshot are skipped, so a crash between snapshot and truncation replays nothing twice).
-    A torn last record (a crash mid-append: never acknowledged) is cut off at restore.
+    A torn last record (a crash mid-append: never acknowledged) is cut off at restore; any other damage refuses
+    the restore (:class:`HistoryCorrupt`, naming the file, the byte offset and the repair command).
     """
 
     def __init__(self, directory: str, drafter_config: Any = None) -> None:
@@ -169,7 +163,9 @@ class DurableHistory:
                 state = read_snapshot(self.snapshot_path)
             except ValueError as exc:
                 raise ValueError(
-                    f"history snapshot {self.snapshot_path} cannot be restored ({exc}); move it away to start empty"
+                    f"history snapshot {self.snapshot_path} cannot be restored ({exc}); refusing to start rather "
+                    f"than drop history. Inspect: `histospec history check {self.directory}`; move it away to "
+                    "start from the log alone"
                 ) from exc
             done = int(state.get("extra", {}).get("log_seq", -1))
             drafter = HistoSpecDrafter.from_state(state, cfg)
