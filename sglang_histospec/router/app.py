@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang_histospec.router.router import Router, RouterError
 from sglang_histospec.server.http_api import ApiError, ApiGuard, install_error_handlers, weight_update_error
+from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.schemas import (
     AbortRequestBody,
     EndStepBody,
@@ -62,6 +63,7 @@ def create_app(router: Router) -> FastAPI:
     A client that goes away while its /generate or step runs gets its requests aborted on the backends.
     """
     app = FastAPI(title="histospec router", docs_url=None, redoc_url=None)
+    app.router.route_class = JsonRoute  # as a server's: 415 for a body that is not JSON, 400 for a repeated key
     app.add_middleware(
         ApiGuard,
         admin_api_key=router.config.admin_api_key,

@@ -21,9 +21,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.protocol import BackendError
 from sglang_histospec.server.schemas import MODELS, FieldError
 
@@ -191,7 +191,7 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str]:
     return path, f"{path}: {err.get('msg', 'invalid value')}"
 
 
-_HTTP_FIELDS = {401: "Authorization", 404: "path", 405: "method", 413: "body"}
+_HTTP_FIELDS = {401: "Authorization", 404: "path", 405: "method", 413: "body", 415: "Content-Type"}
 _HANDLED = (RequestValidationError, FieldError, ApiError, BackendError, StarletteHTTPException)
 """The exceptions answered in the shared format."""
 
@@ -208,6 +208,9 @@ def describe_error(request: Request, exc: Exception) -> tuple[int, str, str | No
     if isinstance(exc, BackendError):
         return exc.status, str(exc), getattr(exc, "field", None)
     assert isinstance(exc, StarletteHTTPException), type(exc)
+    field = getattr(exc, "field", None)  # json_body.BodyError names it and writes the whole message
+    if field is not None:
+        return exc.status_code, str(exc.detail), field
     field = _HTTP_FIELDS.get(exc.status_code)
     detail = str(exc.detail)
     if exc.status_code == 404:
@@ -236,7 +239,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
         app.add_exception_handler(exc_type, handle)
 
 
-class SharedErrorsRoute(APIRoute):
+class SharedErrorsRoute(JsonRoute):
     """A route that answers its own errors (validation, auth, backend) in the shared format, for routes added to
     a host app whose exception handlers are not ours (SGLang's): ``APIRouter(route_class=SharedErrorsRoute)``."""
 
