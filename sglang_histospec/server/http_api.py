@@ -28,7 +28,14 @@ from sglang_histospec.server.protocol import BackendError
 from sglang_histospec.server.schemas import MODELS, FieldError
 
 ADMIN_ROUTES = frozenset(
-    {"/histospec/history", "/histospec/end_step", "/update_weights_from_disk", "/flush_cache", "/abort_request"}
+    {
+        "/histospec/history",
+        "/histospec/end_step",
+        "/update_weights_from_disk",
+        "/flush_cache",
+        "/abort_request",
+        "/histopipe/backends",
+    }
 )
 """Routes that change server state (history, weights, caches, other clients' requests)."""
 _FIELD_NAMES = frozenset(name for model in MODELS for name in model.model_fields)
