@@ -26,9 +26,13 @@ from sglang_histospec.drafting.history_scan import (
     encode_record,
     fsync_dir,
     scan_log,
+    snapshot_refusal,
 )
 
 logger = logging.getLogger(__name__)
+
+NOT_SAVED = "history not saved"
+"""How every message of a failed log write starts (the SGLang path maps it to HTTP 507 by it)."""
 
 __all__ = ["LOG_NAME", "SNAPSHOT_NAME", "DurableHistory", "HistoryCorrupt", "HistoryLog", "HistoryWriteError"]
 
@@ -62,6 +66,11 @@ class HistoryLog:
         if self._size == 0:
             _write_all(self._fd, MAGIC)
             self._size = MAGIC_SIZE
+
+    @property
+    def size(self) -> int:
+        """Bytes of the log (header included)."""
+        return self._size
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -153,33 +162,8 @@ class DurableHistory:
     def restore(self) -> Any:
         """The drafter of the snapshot plus the log's later records (an empty drafter when there is neither).
         ValueError if the snapshot or log is corrupt (refuse to start rather than drop history)."""
-        from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
-        from sglang_histospec.drafting.snapshot import read_snapshot
-
-        cfg = self.drafter_config or DrafterConfig()
-        done = -1
-        if os.path.exists(self.snapshot_path):
-            try:
-                state = read_snapshot(self.snapshot_path)
-            except ValueError as exc:
-                raise ValueError(
-                    f"history snapshot {self.snapshot_path} cannot be restored ({exc}); refusing to start rather "
-                    f"than drop history. Inspect: `histospec history check {self.directory}`; move it away to "
-                    "start from the log alone"
-                ) from exc
-            done = int(state.get("extra", {}).get("log_seq", -1))
-            drafter = HistoSpecDrafter.from_state(state, cfg)
-        else:
-            drafter = HistoSpecDrafter(cfg)
-        replayed = 0
-        for seq, record in self.log.records():
-            self._seq = max(self._seq, seq)
-            if seq > done:
-                apply_record(drafter, record)
-                replayed += 1
-        self._seq = max(self._seq, done)
-        if replayed:
-            logger.info("replayed %d history log records after the snapshot", replayed)
+        drafter, done = _from_snapshot(self.snapshot_path, self.drafter_config)
+        self._seq = max(self._seq, _replay(drafter, self.log.records(), done), done)
         return drafter
 
     def append(self, record: dict[str, Any]) -> None:
@@ -187,7 +171,7 @@ class DurableHistory:
         try:
             self.log.append(self._seq + 1, record)
         except OSError as exc:
-            self.problem = f"history not saved: cannot write {self.log.path} ({type(exc).__name__}: {exc})"
+            self.problem = f"{NOT_SAVED}: cannot write {self.log.path} ({type(exc).__name__}: {exc})"
             raise HistoryWriteError(self.problem) from exc
         self._seq += 1
         self.problem = None
@@ -206,6 +190,50 @@ class DurableHistory:
 
     def close(self) -> None:
         self.log.close()
+
+
+def read_history(directory: str, drafter_config: Any = None) -> Any:
+    """The drafter a restore of ``directory`` gives, read only (a torn tail is skipped, not cut): for processes that
+    follow a history another process writes. ValueError as :meth:`DurableHistory.restore`."""
+    drafter, done = _from_snapshot(os.path.join(directory, SNAPSHOT_NAME), drafter_config)
+    path = os.path.join(directory, LOG_NAME)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        if len(data) >= MAGIC_SIZE:
+            scan = scan_log(path, data)
+            if scan.problem is not None:
+                raise HistoryCorrupt(scan)
+            _replay(drafter, scan.records, done)
+    return drafter
+
+
+def _from_snapshot(path: str, drafter_config: Any) -> tuple[Any, int]:
+    """(drafter, seq of the last log record it holds) of the snapshot at ``path``; an empty drafter and -1 without."""
+    from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+    from sglang_histospec.drafting.snapshot import read_snapshot
+
+    cfg = drafter_config or DrafterConfig()
+    if not os.path.exists(path):
+        return HistoSpecDrafter(cfg), -1
+    try:
+        state = read_snapshot(path)
+    except ValueError as exc:
+        raise ValueError(snapshot_refusal(path, exc)) from exc
+    return HistoSpecDrafter.from_state(state, cfg), int(state.get("extra", {}).get("log_seq", -1))
+
+
+def _replay(drafter: Any, records: list[tuple[int, dict[str, Any]]], done: int) -> int:
+    """Apply the records after seq ``done``; returns the largest seq seen (-1 for none)."""
+    last, replayed = -1, 0
+    for seq, record in records:
+        last = max(last, seq)
+        if seq > done:
+            apply_record(drafter, record)
+            replayed += 1
+    if replayed:
+        logger.info("replayed %d history log records after the snapshot", replayed)
+    return last
 
 
 class HistoryWriteError(OSError):

@@ -145,6 +145,42 @@ def _read_one(data: bytes, pos: int, version: int) -> tuple[int, dict | None, st
     return seq, record, None, start + length
 
 
+def snapshot_refusal(path: str, exc: Exception) -> str:
+    """Why a start refuses the snapshot at ``path`` that failed to read with ``exc``, and what to do."""
+    directory = os.path.dirname(path) or "."
+    return (
+        f"history snapshot {path} cannot be restored ({exc}); refusing to start rather than drop history. "
+        f"Inspect: `histospec history check {directory}`; move it away to start from the log alone"
+    )
+
+
+def refusal(directory: str) -> str | None:
+    """What a restore of ``directory`` would refuse (the message it would give), or None; reads only.
+
+    Example: ``refusal("h")`` is None for an intact (or torn-tailed) history.
+    """
+    from sglang_histospec.drafting.snapshot import read_snapshot
+
+    snap_path = os.path.join(directory, SNAPSHOT_NAME)
+    if os.path.exists(snap_path):
+        try:
+            read_snapshot(snap_path)
+        except ValueError as exc:
+            return snapshot_refusal(snap_path, exc)
+    log_path = os.path.join(directory, LOG_NAME)
+    if not os.path.exists(log_path):
+        return None
+    with open(log_path, "rb") as f:
+        data = f.read()
+    if len(data) < MAGIC_SIZE and MAGIC.startswith(data):
+        return None
+    try:
+        scan = scan_log(log_path, data)
+    except ValueError as exc:
+        return str(exc)
+    return None if scan.problem is None else str(HistoryCorrupt(scan))
+
+
 def check_directory(directory: str) -> dict[str, Any]:
     """The report of ``histospec history check``: snapshot and log state, and whether a server would start.
 

@@ -5,7 +5,8 @@ SGLang runs here from the separate venv ``.venv-sglang`` (``make install-sglang`
 
 * ``site/``: a ``sitecustomize`` that adds TARGET_VERIFY (prefix + tree mask) to SGLang's ``torch_native``
   attention backend, enabled by ``HISTOSPEC_SGLANG_TEST_HARNESS=1``;
-* ``stub_kernel/``: the torch stand-in for ``sgl_kernel``, added only when the venv has no real ``sgl_kernel``.
+* ``stub_kernel/``: the torch stand-in for ``sgl_kernel``, added only when the venv has no real ``sgl_kernel``;
+* the checkout itself, so the package under test is the one SGLang's processes import.
 
 Example::
 
@@ -58,6 +59,7 @@ def _base_env(with_stub: bool) -> dict[str, str]:
     paths = [str(HARNESS_DIR / "site")]
     if with_stub:
         paths.append(str(HARNESS_DIR / "stub_kernel"))
+    paths.append(str(REPO_ROOT))  # the checkout under test, ahead of the one the venv was installed from
     env.update(
         SGLANG_USE_CPU_ENGINE="1",
         HISTOSPEC_SGLANG_TEST_HARNESS="1",
