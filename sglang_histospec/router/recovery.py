@@ -18,6 +18,11 @@ from typing import Any
 
 import httpx
 
+REPLAY_STEPS = 2
+"""Default: the pushes of the current and previous steps are kept for replay."""
+REPLAY_MAX_BYTES = 256 * 2**20
+"""Default bound on the bytes of the kept pushes."""
+
 
 class PushLog:
     """Push bodies (as sent to the backends) of the ``steps`` largest step numbers seen, in arrival order.

@@ -28,7 +28,7 @@ from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, Lengt
 from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig
 from sglang_histospec.pipe.worker_cost import CostModel
-from sglang_histospec.router.recovery import PushLog, health_answer, replay_pushes
+from sglang_histospec.router.recovery import REPLAY_MAX_BYTES, REPLAY_STEPS, PushLog, health_answer, replay_pushes
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.http_api import ApiError, check_admin_key
 from sglang_histospec.server.protocol import ModelLimits
@@ -118,10 +118,10 @@ class RouterConfig:
     """The same client limits as a server's (checked before anything is forwarded)."""
     max_request_bytes: int = 64 * 2**20
     """Larger request bodies get HTTP 413."""
-    replay_steps: int = 2
+    replay_steps: int = REPLAY_STEPS
     """History pushes of this many newest steps (current and previous) are kept and replayed to a backend that
     comes back or is added, before requests are routed to it (``router/recovery.py``)."""
-    replay_max_bytes: int = 256 * 2**20
+    replay_max_bytes: int = REPLAY_MAX_BYTES
     """Bound on the kept pushes; the oldest go first (``/health`` then lists their steps as incomplete)."""
 
     def __post_init__(self) -> None:

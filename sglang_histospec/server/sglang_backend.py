@@ -1,11 +1,13 @@
 """``histospec serve --backend sglang``: SGLang's own HTTP server with the HISTOSPEC algorithm and history routes.
 
 The history routes (``server/history_routes.py``) are added to SGLang's FastAPI app over ``SGLangBackend``; a push
-reaches every TP rank through SGLang's own RPC path (:class:`SchedulerBridge`); everything else is SGLang's
-(docs/sglang.md). Example::
+reaches every TP rank through SGLang's own RPC path (:class:`SchedulerBridge`) and is logged durably there when
+``--histospec-history-dir`` is set (``plugin/durable.py``); our client limits guard SGLang's app
+(``server/sglang_limits.py``); everything else is SGLang's (docs/sglang.md, docs/reliability.md). Example::
 
-    python -m sglang_histospec.server.sglang_backend --model-path M --port 30000 --speculative-num-draft-tokens 8
-    curl -X POST localhost:30000/histospec/history -d '{"step": 0, "entries": [{"prompt_id": "p", "responses": [[5]]}]}'
+    python -m sglang_histospec.server.sglang_backend --model-path M --port 30000 --histospec-history-dir H
+    curl -X POST localhost:30000/histospec/history -H 'Content-Type: application/json' \
+      -d '{"step": 0, "entries": [{"prompt_id": "p", "responses": [[5]]}]}'
 """
 
 import argparse
