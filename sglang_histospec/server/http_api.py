@@ -132,31 +132,13 @@ class ApiGuard:
             return
         # read the whole body first (every route reads it anyway), so an oversized stream is refused before
         # any handler runs
-        chunks: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # client went away
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.limit:
-                await self._too_large(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        try:
+            body = await read_body(receive, self.limit)
+        except ValueError:
+            await self._too_large(scope, receive, send)
+            return
+        if body is not None:
+            await self.app(scope, replay_receive(body, receive), send)
 
     async def _too_large(self, scope: dict, receive: Any, send: Any) -> None:
         msg = f"body: request body exceeds {self.limit} bytes (--max-request-bytes); split it into smaller requests"
@@ -165,6 +147,38 @@ class ApiGuard:
     async def _reject(self, scope: dict, receive: Any, send: Any, status: int, msg: str, field: str | None) -> None:
         self.on_error(status)
         await JSONResponse(error_body(msg, field), status_code=status)(scope, receive, send)
+
+
+async def read_body(receive: Any, limit: int | None = None) -> bytes | None:
+    """The whole body of an ASGI request (None when the client went away); ValueError past ``limit`` bytes."""
+    chunks: list[bytes] = []
+    received = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if limit is not None and received > limit:
+            raise ValueError(f"body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay_receive(body: bytes, receive: Any) -> Callable:
+    """An ASGI ``receive`` that gives ``body`` (read by :func:`read_body`) as one message, then defers to
+    ``receive`` (for the disconnect)."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _field_path(loc: tuple, keep_last: bool) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from sglang_histospec.server.http_api import ApiGuard, error_body
+from sglang_histospec.server.http_api import ApiGuard, error_body, read_body, replay_receive
 from sglang_histospec.server.json_body import is_json_type
 from sglang_histospec.server.schemas import FieldError, RequestLimits
 
@@ -120,29 +120,14 @@ class GenerateLimitsGuard:
         if scope["type"] != "http" or scope.get("path", "").rstrip("/") != "/generate":
             await self.app(scope, receive, send)
             return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # client went away
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            return  # client went away
         problem = self._problem(scope, body)
         if problem is not None:
             await JSONResponse(error_body(str(problem), problem.field), status_code=400)(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_receive(body, receive), send)
 
     def _problem(self, scope: dict, body: bytes) -> FieldError | None:
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")

@@ -11,33 +11,23 @@ import subprocess
 import httpx
 import pytest
 
-from tests.sglang_harness import SGLangServer, harness_env, sglang_python, skip_reason
+from tests.sglang_harness import SGLangServer, harness_env, sglang_python
 
-pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900), pytest.mark.usefixtures("sglang_harness")]
 
-VOCAB = 64
 PROMPT = [1, 9, 14, 22, 5, 31]
 RESPONSE_LEN = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _harness_available():
-    reason = skip_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must install the SGLang harness first: {reason}")
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from tests.helpers.tiny import make_tiny_model_dir
-
-    return make_tiny_model_dir(tmp_path_factory.mktemp("sglang-model"), arch="llama", vocab_size=VOCAB, seed=0)
-
-
-def _server(model_dir: str, history_dir: str) -> SGLangServer:
-    args = ["--model-path", model_dir, "--speculative-num-draft-tokens", "6", "--histospec-history-dir", history_dir]
+def _server(sglang_model_dir: str, history_dir: str) -> SGLangServer:
+    args = [
+        "--model-path",
+        sglang_model_dir,
+        "--speculative-num-draft-tokens",
+        "6",
+        "--histospec-history-dir",
+        history_dir,
+    ]
     args += ["--histospec-max-text-chars", "40", "--histospec-max-history-entries", "2"]
     args += ["--histospec-max-request-bytes", "200000"]
     return SGLangServer(args, module="sglang_histospec.server.sglang_backend")
@@ -56,9 +46,9 @@ def _kill_9(server: SGLangServer) -> None:
     server.proc.wait(60)
 
 
-def test_push_survives_kill_9_and_limits_apply(model_dir, tmp_path) -> None:
+def test_push_survives_kill_9_and_limits_apply(sglang_model_dir, tmp_path) -> None:
     history_dir = str(tmp_path / "h")
-    first = _server(model_dir, history_dir)
+    first = _server(sglang_model_dir, history_dir)
     try:
         first.start()
         reference = _generate(first, "warm-up")["output_ids"]
@@ -78,7 +68,7 @@ def test_push_survives_kill_9_and_limits_apply(model_dir, tmp_path) -> None:
         first.stop()
     assert os.path.getsize(os.path.join(history_dir, "history.wal")) > 8  # the push is in the log
 
-    second = _server(model_dir, history_dir)
+    second = _server(sglang_model_dir, history_dir)
     try:
         second.start()
         stats = httpx.get(second.url + "/histospec/stats", timeout=120).json()["history"]
@@ -90,12 +80,12 @@ def test_push_survives_kill_9_and_limits_apply(model_dir, tmp_path) -> None:
         second.stop()
 
 
-def test_corrupt_history_refuses_the_start_with_exit_2(model_dir, tmp_path) -> None:
+def test_corrupt_history_refuses_the_start_with_exit_2(sglang_model_dir, tmp_path) -> None:
     """The check runs before SGLang loads anything: exit 2 naming the file, the offset and the repair command."""
     history_dir = tmp_path / "h"
     history_dir.mkdir()
     (history_dir / "history.wal").write_bytes(b"HSPWAL\x00\x02" + b"\x05" * 40)
-    cmd = [str(sglang_python()), "-m", "sglang_histospec.server.sglang_backend", "--model-path", model_dir]
+    cmd = [str(sglang_python()), "-m", "sglang_histospec.server.sglang_backend", "--model-path", sglang_model_dir]
     cmd += ["--histospec-history-dir", str(history_dir)]
     done = subprocess.run(cmd, env=harness_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]

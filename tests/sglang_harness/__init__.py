@@ -45,6 +45,24 @@ def skip_reason() -> str | None:
     return None
 
 
+def require_harness() -> None:
+    """Skip the calling test module when the harness is not installed; under CI (``CI`` set) fail instead."""
+    import pytest
+
+    reason = skip_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must install the SGLang harness first: {reason}")
+        pytest.skip(reason)
+
+
+def tiny_model_dir(directory: Path, vocab_size: int = 64) -> str:
+    """The tiny random Llama the SGLang tests serve (seed 0), built in ``directory``."""
+    from tests.helpers.tiny import make_tiny_model_dir
+
+    return make_tiny_model_dir(directory, arch="llama", vocab_size=vocab_size, seed=0)
+
+
 @functools.cache
 def has_real_sgl_kernel() -> bool:
     python = sglang_python()
