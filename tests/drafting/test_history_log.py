@@ -195,3 +195,45 @@ def test_format_1_log_becomes_format_2_at_the_first_snapshot(tmp_path) -> None:
     scan = scan_log(os.path.join(directory, LOG_NAME), _bytes(os.path.join(directory, LOG_NAME)))
     assert scan.version == 2 and scan.records[0][0] == 2
     assert _restore(directory).open_step == 1
+
+
+def test_failed_append_at_every_length_leaves_the_log_as_before(tmp_path, monkeypatch) -> None:
+    """An append whose write fails after k bytes (disk full) raises, is not acknowledged, and leaves the log as it
+    was, so the next append and a restore see every acknowledged record."""
+    directory = str(tmp_path / "h")
+    _write_history(directory)
+    path = os.path.join(directory, LOG_NAME)
+    clean = _bytes(path)
+    size = len(encode_record(99, _push(STEPS)))
+    real_write = os.write
+    store = DurableHistory(directory, DrafterConfig())
+    store.restore()
+    for k in range(0, size, 7):
+
+        def short_write(fd: int, data, k=k) -> int:
+            real_write(fd, bytes(data[:k]))
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "write", short_write)
+        with pytest.raises(OSError):
+            store.append(_push(STEPS))
+        monkeypatch.setattr(os, "write", real_write)
+        assert _bytes(path) == clean, k
+    store.append(_push(STEPS))
+    store.close()
+    drafter = _restore(directory)
+    assert _has_everything(drafter) and drafter.has_visit(f"p{STEPS}", STEPS)
+
+
+def test_snapshot_cut_short_at_every_length_is_refused(tmp_path) -> None:
+    """Snapshots are renamed into place whole; one cut short anyway is refused, never restored as less."""
+    directory = str(tmp_path / "h")
+    _write_history(directory, snapshot_after=STEPS - 1)
+    path = os.path.join(directory, SNAPSHOT_NAME)
+    clean = _bytes(path)
+    for k in range(0, len(clean), 3):
+        _put(path, clean[:k])
+        with pytest.raises(ValueError, match="history check"):
+            _restore(directory)
+    _put(path, clean)
+    assert _has_everything(_restore(directory))
