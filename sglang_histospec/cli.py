@@ -18,6 +18,8 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("trace", "record"): "sglang_histospec.commands.trace_record",
     ("model", "prepare"): "sglang_histospec.commands.model_prepare",
     ("serve",): "sglang_histospec.commands.serve",
+    ("history", "check"): "sglang_histospec.commands.history_check",
+    ("history", "repair"): "sglang_histospec.commands.history_repair",
     ("pipe", "simulate"): "sglang_histospec.commands.pipe_simulate",
     ("route",): "sglang_histospec.commands.route",
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",

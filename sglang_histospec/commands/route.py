@@ -18,6 +18,7 @@ HELP = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.commands._flags import add_sample_spread_flag
     from sglang_histospec.pipe.planner import POLICIES
+    from sglang_histospec.router.recovery import REPLAY_MAX_BYTES, REPLAY_STEPS
 
     parser.add_argument("--backends", required=True, help="comma-separated base URLs of rollout servers")
     parser.add_argument("--policy", choices=POLICIES, default="histopipe")
@@ -28,6 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)  # the admin key is also sent to the backends
     parser.add_argument("--health-interval-s", type=float, default=2.0)
     parser.add_argument("--request-timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--replay-steps",
+        type=int,
+        default=REPLAY_STEPS,
+        help="history pushes of this many newest steps are replayed to a backend that comes back or is added",
+    )
+    parser.add_argument(
+        "--replay-max-bytes",
+        type=int,
+        default=REPLAY_MAX_BYTES,
+        help="bound on the pushes kept for replay (oldest go)",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument(
         "--overlap",
@@ -59,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
             admin_api_key=args.admin_api_key,
             health_interval_s=args.health_interval_s,
             request_timeout_s=args.request_timeout_s,
+            replay_steps=args.replay_steps,
+            replay_max_bytes=args.replay_max_bytes,
             limits=limits_from_args(args),
             max_request_bytes=args.max_request_bytes,
             overlap=args.overlap,

@@ -21,6 +21,7 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from sglang_histospec.drafting.prompt_ids import prompt_id_for, token_prompt_id
 from sglang_histospec.plugin.adapter import AdapterConfig, HistorySpecCorpus, drafter_config_from_env
+from sglang_histospec.plugin.durable import WorkerHistory, WorkerHistoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +49,17 @@ class HistoSpecWorker(NGRAMWorker):
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        self.histospec = HistorySpecCorpus(
-            AdapterConfig(num_draft_tokens=get_spec().speculative_num_draft_tokens, drafter=drafter_config_from_env())
+        self._tp_rank = int(getattr(self.model_runner, "tp_rank", 0) or 0)
+        config = AdapterConfig(
+            num_draft_tokens=get_spec().speculative_num_draft_tokens, drafter=drafter_config_from_env()
         )
+        # $HISTOSPEC_HISTORY_DIR: restored here, every push and step end logged before it is answered
+        self.history = WorkerHistory(WorkerHistoryConfig.from_env(), self._tp_rank, config.drafter)
+        self.histospec = HistorySpecCorpus(config, drafter=self.history.restore())
         # SGLang's own calls on the corpus (synchronize, erase_match_state, reset) go to the adapter.
         self.ngram_corpus = _CorpusFacade(self.histospec)
         self._reqs: dict[str, Any] = {}  # rid -> Req, for the responses of finished requests
         self._prompt_ids: dict[str, str] = {}
-        self._tp_rank = int(getattr(self.model_runner, "tp_rank", 0) or 0)
         logger.info("HISTOSPEC drafter ready: %d draft nodes per request", self.draft_token_num)
 
     # ---- drafting --------------------------------------------------------------------------------------------
@@ -120,7 +124,10 @@ class HistoSpecWorker(NGRAMWorker):
     def clear_cache_pool(self):
         """SGLang flushed its caches (``/flush_cache``, weight updates): keep the history, close the open step."""
         self.histospec.forget_requests()
-        self.histospec.end_step()
+        try:  # SGLang's flush must go on; a step end that is not durable shows in the stats (history_problem)
+            self._end_step(None)
+        except OSError:
+            logger.exception("HISTOSPEC: the step end of a cache flush is not durable")
         self._reqs.clear()
         self._prompt_ids.clear()
         self._prev_decode_rids = set()
@@ -154,12 +161,21 @@ class HistoSpecWorker(NGRAMWorker):
                 (e["prompt_id"], e["responses"], e.get("rewards"), e.get("prompt_tokens")) for e in body["entries"]
             ]
             result = self.histospec.push(int(body["step"]), entries)
+            record = {"op": "push", "step": int(body["step"]), "entries": body["entries"]}
+            self.history.log(record, self.histospec.drafter)  # before the answer: acknowledged = durable
             logger.info("HISTOSPEC history push: step %s, %d responses added", body["step"], result)
         elif histospec_op == "end_step":
-            self.histospec.end_step(body.get("step"))
+            self._end_step(body.get("step"))
         elif histospec_op != "stats":
             raise ValueError(f"histospec_op={histospec_op!r}; use push, end_step or stats")
         self._write_stats(last_op=histospec_op, last_op_result=result)
+
+    def _end_step(self, step: int | None) -> None:
+        """Close the open step, log it, and compact (the snapshot also holds the responses recorded so far)."""
+        closed = self.histospec.drafter.open_step if step is None else int(step)
+        self.histospec.end_step(step)
+        self.history.log({"op": "end_step", "step": closed}, self.histospec.drafter)
+        self.history.compact(self.histospec.drafter)
 
     def _write_stats(self, **extra) -> None:
         out_dir = os.environ.get(STATS_DIR_ENV)
@@ -167,7 +183,7 @@ class HistoSpecWorker(NGRAMWorker):
             return
         path = Path(out_dir) / f"stats-tp{self._tp_rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**self.histospec.stats(), **extra}))
+        tmp.write_text(json.dumps({**self.histospec.stats(), "history_problem": self.history.problem, **extra}))
         tmp.replace(path)
 
 

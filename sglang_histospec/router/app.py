@@ -13,12 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sglang_histospec.router.router import Router, RouterError
 from sglang_histospec.server.http_api import ApiError, ApiGuard, install_error_handlers, weight_update_error
+from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.schemas import (
     AbortRequestBody,
+    AddBackendBody,
     EndStepBody,
     GenerateBody,
     HistoryPushBody,
@@ -51,7 +53,10 @@ def create_app(router: Router) -> FastAPI:
       ``POST /update_weights_from_disk`` (remembered: a backend that comes back loads it first),
       ``GET|POST /flush_cache``, ``POST /abort_request``.
     * Answered from a backend: ``GET /get_model_info`` (also ``/model_info``).
-    * Answered by the router: ``GET /health`` (200 while a backend is healthy), ``GET /histospec/stats`` (the
+    * Answered by the router: ``GET /health`` (``{"status": "ok" | "degraded" | "down", "backends": [{"url",
+      "healthy", "problem"}], "history_replay"}``; 200 while a backend is healthy, 503 when none is),
+      ``POST /histopipe/backends`` ``{"url"}`` (admin: add a rollout server; routed to once healthy and replayed),
+      ``GET /histospec/stats`` (the
       servers' counters summed), ``GET /metrics`` (Prometheus, per backend), ``POST /histopipe/step``
       (``{"step", "prompts": [{"prompt_id", "input_ids"}], "group_size", "sampling_params", "return_logprob"}`` ->
       ``{"step", "results"}``, prompt i's sample j at ``i * group_size + j``), ``GET /histopipe/stats``. With
@@ -62,6 +67,7 @@ def create_app(router: Router) -> FastAPI:
     A client that goes away while its /generate or step runs gets its requests aborted on the backends.
     """
     app = FastAPI(title="histospec router", docs_url=None, redoc_url=None)
+    app.router.route_class = JsonRoute  # as a server's: 415 for a body that is not JSON, 400 for a repeated key
     app.add_middleware(
         ApiGuard,
         admin_api_key=router.config.admin_api_key,
@@ -116,10 +122,16 @@ def create_app(router: Router) -> FastAPI:
         return router.backend_get("/get_model_info")
 
     @app.get("/health")
-    def health() -> Response:
-        if router.healthy():
-            return Response(status_code=200)
-        raise RouterError(503, "no healthy backend")
+    def health() -> JSONResponse:
+        status, body = router.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.post("/histopipe/backends")
+    def add_backend(body: AddBackendBody) -> dict[str, Any]:
+        try:
+            return router.add_backend(body.url)
+        except ValueError as exc:
+            raise RouterError(400, str(exc), "url") from exc
 
     @app.get("/histospec/stats")
     def histospec_stats() -> dict[str, Any]:

@@ -28,6 +28,7 @@ from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, Lengt
 from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import POLICIES, Group, Planner, PlannerConfig
 from sglang_histospec.pipe.worker_cost import CostModel
+from sglang_histospec.router.recovery import REPLAY_MAX_BYTES, REPLAY_STEPS, PushLog, health_answer, replay_pushes
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.http_api import ApiError, check_admin_key
 from sglang_histospec.server.protocol import ModelLimits
@@ -117,12 +118,22 @@ class RouterConfig:
     """The same client limits as a server's (checked before anything is forwarded)."""
     max_request_bytes: int = 64 * 2**20
     """Larger request bodies get HTTP 413."""
+    replay_steps: int = REPLAY_STEPS
+    """History pushes of this many newest steps (current and previous) are kept and replayed to a backend that
+    comes back or is added, before requests are routed to it (``router/recovery.py``)."""
+    replay_max_bytes: int = REPLAY_MAX_BYTES
+    """Bound on the kept pushes; the oldest go first (``/health`` then lists their steps as incomplete)."""
 
     def __post_init__(self) -> None:
         if not self.backends:
             raise ValueError("RouterConfig.backends is empty: give at least one rollout server URL")
         if self.policy not in POLICIES:
             raise ValueError(f"RouterConfig.policy={self.policy!r}: choose one of {', '.join(POLICIES)}")
+        if self.replay_steps < 1 or self.replay_max_bytes < 1:
+            raise ValueError(
+                f"RouterConfig.replay_steps={self.replay_steps!r}, replay_max_bytes={self.replay_max_bytes!r}: "
+                "both must be >= 1"
+            )
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts={self.max_attempts!r}: must be >= 1")
         check_admin_key(self.admin_api_key)
@@ -145,6 +156,7 @@ class Backend:
     http: httpx.Client
     healthy: bool = True
     outstanding: float = 0.0  # predicted tokens of requests in flight
+    problem: str | None = None  # why it is out (failed health check, replay), for /health
     counters: dict[str, int] = field(default_factory=dict)
 
     def count(self, name: str, n: int = 1) -> None:
@@ -226,14 +238,10 @@ class Router:
         headers = {"Content-Type": "application/json"}
         if config.admin_api_key:
             headers["Authorization"] = f"Bearer {config.admin_api_key}"
-        self.backends = [
-            Backend(
-                url.rstrip("/"),
-                HistoSpecClient(url, admin_api_key=config.admin_api_key, timeout=config.request_timeout_s),
-                httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=config.request_timeout_s),
-            )
-            for url in config.backends
-        ]
+        self._headers = headers
+        self.backends = [self._connect(url) for url in config.backends]
+        self.pushes = PushLog(config.replay_steps, config.replay_max_bytes)
+        self._push_lock = threading.Lock()  # a push fans out, or a backend is brought back, never both at once
         self.predictor = LengthPredictor(LengthPredictorConfig(window=2))
         self.planner = Planner(cost or CostModel(), config.planner or PlannerConfig(policy=config.policy))
         self._lock = threading.Lock()
@@ -251,6 +259,14 @@ class Router:
         self.weight_version: str | None = None  # the last weight_version sent through update_weights
         self._carry: _Flights | None = None  # with overlap: the last step's requests still running
         self._overlap_lock = threading.Lock()  # with overlap: one step (or drain) at a time
+
+    def _connect(self, url: str) -> Backend:
+        timeout = self.config.request_timeout_s
+        return Backend(
+            url.rstrip("/"),
+            HistoSpecClient(url, admin_api_key=self.config.admin_api_key, timeout=timeout),
+            httpx.Client(base_url=url.rstrip("/"), headers=self._headers, timeout=timeout),
+        )
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -280,12 +296,48 @@ class Router:
             self.check_health()
 
     def check_health(self) -> list[bool]:
-        for b in self.backends:
+        for b in list(self.backends):
             up = b.client.health()
-            if up and not b.healthy and self._weights is not None:
-                up = self._resync_weights(b)
-            b.healthy = up
+            if not up:
+                b.healthy, b.problem = False, "health check failed"
+            elif not b.healthy:
+                self._bring_back(b)
         return [b.healthy for b in self.backends]
+
+    def _bring_back(self, backend: Backend) -> None:
+        """A backend that answers again (restarted, or added) first loads the weights the others hold and gets
+        the kept history pushes; only then is it healthy (routed to)."""
+        if self._weights is not None and not self._resync_weights(backend):
+            backend.problem = "weight resync failed"
+            return
+        with self._push_lock:
+            bodies = self.pushes.bodies()
+            backend.problem = replay_pushes(backend.http, bodies)
+            if backend.problem is not None:
+                return
+            backend.healthy = True
+        if bodies:
+            backend.count("history_replays")
+            backend.count("replayed_pushes", len(bodies))
+
+    def add_backend(self, url: str) -> dict[str, Any]:
+        """Add a rollout server; it is routed to once it answers /health and got the kept pushes (``check_health``
+        runs now and every ``health_interval_s``). ValueError for a URL already there or not http(s)."""
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url={url!r}: expected http://host:port")
+        if any(b.url == url for b in self.backends):
+            raise ValueError(f"url={url!r}: already a backend of this router")
+        backend = self._connect(url)
+        backend.healthy, backend.problem = False, "added, not checked yet"
+        self.backends.append(backend)
+        self.check_health()
+        return {"url": url, "healthy": backend.healthy, "problem": backend.problem}
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """(status, body) of ``GET /health`` (``recovery.health_answer``)."""
+        backends = [{"url": b.url, "healthy": b.healthy, "problem": b.problem} for b in self.backends]
+        return health_answer(backends, self.pushes.stats())
 
     def _resync_weights(self, backend: Backend) -> bool:
         """A backend that comes back (e.g. restarted) first loads the weights the others hold."""
@@ -551,7 +603,10 @@ class Router:
         if not isinstance(body, HistoryPushBody):
             body = HistoryPushBody.model_validate(body)
         checked = to_history_entries(body, self.model_limits(), self.config.limits)
-        answers = self._fan_out("/histospec/history", body.model_dump(exclude_unset=True))
+        content = _dumps(body.model_dump(exclude_unset=True))
+        with self._push_lock:  # kept for replay once every healthy backend took it
+            answers = self._fan_out("/histospec/history", content)
+            self.pushes.record(int(body.step), content)
         with self._lock:
             for e in checked:
                 lengths = [len(r) for r in e.responses if r]
@@ -599,7 +654,7 @@ class Router:
         """POST to every healthy backend in parallel. A 4xx from any backend is the answer (the same for all:
         they serve the same model); a backend that fails otherwise is marked down; at least one must succeed."""
         live = self._live()
-        content = b"" if body is None else _dumps(body)
+        content = body if isinstance(body, bytes) else b"" if body is None else _dumps(body)
         futures = {self._pool.submit(b.http.post, path, content=content): b for b in live}
         per_backend: dict[str, Any] = {}
         refused: ApiError | None = None
@@ -737,7 +792,7 @@ class Router:
         return response.status_code < 400
 
     def _down(self, backend: Backend) -> None:
-        backend.healthy = False
+        backend.healthy, backend.problem = False, "a call failed; back once its health check passes"
         backend.count("failures")
 
     # ---- observability -----------------------------------------------------------------------------------

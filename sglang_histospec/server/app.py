@@ -34,6 +34,7 @@ from sglang_histospec.server.http_api import (
     install_error_handlers,
     weight_update_error,
 )
+from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.metrics import ServerCounters, prometheus_text
 from sglang_histospec.server.protocol import Backend, BackendError, GenerationInput, GenerationOutput
 from sglang_histospec.server.schemas import (
@@ -108,6 +109,7 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
             counters.add("bad_requests")
 
     app = FastAPI(title="sglang-histospec rollout server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.route_class = JsonRoute  # 415 for a body that is not JSON, 400 for a repeated key
     app.state.backend = backend
     app.state.counters = counters
     app.add_middleware(

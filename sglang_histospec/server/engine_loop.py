@@ -51,7 +51,7 @@ class EngineLoop:
     sent before it entirely on the old ones.
 
     The engine is duck-typed (``add_request``, ``step``, ``has_unfinished``, ``abort``, ``drafter``); no torch import.
-    With a ``history`` (``server.history_log.DurableHistory``) every change is logged durably by the command that makes
+    With a ``history`` (``drafting.history_log.DurableHistory``) every change is logged durably by the command that makes
     it; this thread compacts the log into a snapshot ``snapshot_debounce_s`` after the first change that is not in
     one, retries a failed snapshot after as long again, and writes a last one at ``stop()``.
     """

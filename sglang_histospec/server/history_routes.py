@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from fastapi import APIRouter, Depends
 
 from sglang_histospec.server.http_api import SharedErrorsRoute, admin_dependency
+from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.protocol import HistoryBackend
 from sglang_histospec.server.schemas import EndStepBody, HistoryPushBody, RequestLimits, to_history_entries
 
@@ -50,7 +51,7 @@ def history_router(
         router = APIRouter(route_class=SharedErrorsRoute)
         admin = [Depends(admin_dependency(admin_api_key))]
     else:
-        router, admin = APIRouter(), []
+        router, admin = APIRouter(route_class=JsonRoute), []
 
     @router.post("/histospec/history", dependencies=admin)
     async def push_history(body: HistoryPushBody) -> dict:

@@ -21,14 +21,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.protocol import BackendError
 from sglang_histospec.server.schemas import MODELS, FieldError
 
 ADMIN_ROUTES = frozenset(
-    {"/histospec/history", "/histospec/end_step", "/update_weights_from_disk", "/flush_cache", "/abort_request"}
+    {
+        "/histospec/history",
+        "/histospec/end_step",
+        "/update_weights_from_disk",
+        "/flush_cache",
+        "/abort_request",
+        "/histopipe/backends",
+    }
 )
 """Routes that change server state (history, weights, caches, other clients' requests)."""
 _FIELD_NAMES = frozenset(name for model in MODELS for name in model.model_fields)
@@ -125,31 +132,13 @@ class ApiGuard:
             return
         # read the whole body first (every route reads it anyway), so an oversized stream is refused before
         # any handler runs
-        chunks: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # client went away
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.limit:
-                await self._too_large(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        try:
+            body = await read_body(receive, self.limit)
+        except ValueError:
+            await self._too_large(scope, receive, send)
+            return
+        if body is not None:
+            await self.app(scope, replay_receive(body, receive), send)
 
     async def _too_large(self, scope: dict, receive: Any, send: Any) -> None:
         msg = f"body: request body exceeds {self.limit} bytes (--max-request-bytes); split it into smaller requests"
@@ -158,6 +147,38 @@ class ApiGuard:
     async def _reject(self, scope: dict, receive: Any, send: Any, status: int, msg: str, field: str | None) -> None:
         self.on_error(status)
         await JSONResponse(error_body(msg, field), status_code=status)(scope, receive, send)
+
+
+async def read_body(receive: Any, limit: int | None = None) -> bytes | None:
+    """The whole body of an ASGI request (None when the client went away); ValueError past ``limit`` bytes."""
+    chunks: list[bytes] = []
+    received = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if limit is not None and received > limit:
+            raise ValueError(f"body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay_receive(body: bytes, receive: Any) -> Callable:
+    """An ASGI ``receive`` that gives ``body`` (read by :func:`read_body`) as one message, then defers to
+    ``receive`` (for the disconnect)."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _field_path(loc: tuple, keep_last: bool) -> str:
@@ -191,7 +212,7 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str]:
     return path, f"{path}: {err.get('msg', 'invalid value')}"
 
 
-_HTTP_FIELDS = {401: "Authorization", 404: "path", 405: "method", 413: "body"}
+_HTTP_FIELDS = {401: "Authorization", 404: "path", 405: "method", 413: "body", 415: "Content-Type"}
 _HANDLED = (RequestValidationError, FieldError, ApiError, BackendError, StarletteHTTPException)
 """The exceptions answered in the shared format."""
 
@@ -208,6 +229,9 @@ def describe_error(request: Request, exc: Exception) -> tuple[int, str, str | No
     if isinstance(exc, BackendError):
         return exc.status, str(exc), getattr(exc, "field", None)
     assert isinstance(exc, StarletteHTTPException), type(exc)
+    field = getattr(exc, "field", None)  # json_body.BodyError names it and writes the whole message
+    if field is not None:
+        return exc.status_code, str(exc.detail), field
     field = _HTTP_FIELDS.get(exc.status_code)
     detail = str(exc.detail)
     if exc.status_code == 404:
@@ -236,7 +260,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None]) -> Non
         app.add_exception_handler(exc_type, handle)
 
 
-class SharedErrorsRoute(APIRoute):
+class SharedErrorsRoute(JsonRoute):
     """A route that answers its own errors (validation, auth, backend) in the shared format, for routes added to
     a host app whose exception handlers are not ours (SGLang's): ``APIRouter(route_class=SharedErrorsRoute)``."""
 

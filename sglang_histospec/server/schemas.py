@@ -230,6 +230,12 @@ class StepBody(_Strict):
     return_logprob: StrictBool = False
 
 
+class AddBackendBody(_Strict):
+    """The router's ``POST /histopipe/backends``: a rollout server to add (``http://host:port``)."""
+
+    url: Str
+
+
 def step_to_generate_body(body: StepBody, limits: RequestLimits) -> GenerateBody:
     """Check a step against ``limits`` and turn it into the equivalent /generate body (all samples expanded).
 
@@ -268,6 +274,7 @@ def step_to_generate_body(body: StepBody, limits: RequestLimits) -> GenerateBody
 
 
 MODELS = (
+    AddBackendBody,
     StepBody,
     StepPrompt,
     AbortRequestBody,

@@ -1,11 +1,13 @@
 """``histospec serve --backend sglang``: SGLang's own HTTP server with the HISTOSPEC algorithm and history routes.
 
 The history routes (``server/history_routes.py``) are added to SGLang's FastAPI app over ``SGLangBackend``; a push
-reaches every TP rank through SGLang's own RPC path (:class:`SchedulerBridge`); everything else is SGLang's
-(docs/sglang.md). Example::
+reaches every TP rank through SGLang's own RPC path (:class:`SchedulerBridge`) and is logged durably there when
+``--histospec-history-dir`` is set (``plugin/durable.py``); our client limits guard SGLang's app
+(``server/sglang_limits.py``); everything else is SGLang's (docs/sglang.md, docs/reliability.md). Example::
 
-    python -m sglang_histospec.server.sglang_backend --model-path M --port 30000 --speculative-num-draft-tokens 8
-    curl -X POST localhost:30000/histospec/history -d '{"step": 0, "entries": [{"prompt_id": "p", "responses": [[5]]}]}'
+    python -m sglang_histospec.server.sglang_backend --model-path M --port 30000 --histospec-history-dir H
+    curl -X POST localhost:30000/histospec/history -H 'Content-Type: application/json' \
+      -d '{"step": 0, "entries": [{"prompt_id": "p", "responses": [[5]]}]}'
 """
 
 import argparse
@@ -20,7 +22,13 @@ from typing import Any
 
 from sglang_histospec.drafting.types import MAX_TOKEN_ID
 from sglang_histospec.plugin import ALGORITHM_NAME
-from sglang_histospec.server.protocol import BackendError, HistoryEntry, ModelLimits
+from sglang_histospec.server.protocol import BackendError, HistoryEntry, HistoryNotDurable, ModelLimits
+from sglang_histospec.server.sglang_limits import (
+    SGLangServeConfig,
+    histospec_argv,
+    install_guards,
+    split_histospec_args,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +123,15 @@ class SGLangBackend:
         return {"history": history, "backend": {"name": "sglang", "algorithm": ALGORITHM_NAME}}
 
     async def _call(self, op: str, payload: dict[str, Any] | None, failure_status: int) -> dict[str, Any]:
+        from sglang_histospec.drafting.history_log import NOT_SAVED
+
         try:
             return await self.bridge.call(_tokenizer_manager(), op, payload)
         except (RuntimeError, TimeoutError) as exc:
+            if str(exc).startswith(NOT_SAVED):  # the workers applied it but could not log it: not acknowledged
+                raise HistoryNotDurable(
+                    f"{exc}; the change is not acknowledged, retry once the disk is fixed"
+                ) from exc
             raise BackendError(str(exc), status=failure_status) from exc
 
 
@@ -127,16 +141,17 @@ def _tokenizer_manager() -> Any:
     return get_global_state().tokenizer_manager
 
 
-def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None) -> None:
-    """Add the history routes (``server/history_routes.py``) to SGLang's FastAPI ``app``."""
+def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None, config: SGLangServeConfig) -> None:
+    """Add the history routes (``server/history_routes.py``) and our client limits (``server/sglang_limits.py``)
+    to SGLang's FastAPI ``app``."""
     from sglang_histospec.server.history_routes import history_router
     from sglang_histospec.server.metrics import HistoryCounters
-    from sglang_histospec.server.schemas import RequestLimits
 
     router = history_router(
-        SGLangBackend(bridge), HistoryCounters(), RequestLimits(), foreign_host=True, admin_api_key=admin_api_key
+        SGLangBackend(bridge), HistoryCounters(), config.limits, foreign_host=True, admin_api_key=admin_api_key
     )
     app.include_router(router)
+    install_guards(app, config)
 
 
 def _sglang_argv(args: argparse.Namespace) -> list[str]:
@@ -156,7 +171,22 @@ def _sglang_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--dtype", args.dtype]
     if getattr(args, "admin_api_key", None):
         argv += ["--admin-api-key", args.admin_api_key]
+    argv += histospec_argv(_serve_config(args))
     return argv + list(getattr(args, "sglang_args", None) or [])
+
+
+def _serve_config(args: argparse.Namespace) -> SGLangServeConfig:
+    """``histospec serve``'s ``--history-dir``, ``--max-request-bytes`` and client limits (defaults when absent)."""
+    import dataclasses
+
+    from sglang_histospec.server.schemas import RequestLimits
+
+    limits = {f.name: getattr(args, f.name, f.default) for f in dataclasses.fields(RequestLimits)}
+    return SGLangServeConfig(
+        history_dir=getattr(args, "history_dir", None),
+        max_request_bytes=getattr(args, "max_request_bytes", 64 * 2**20),
+        limits=RequestLimits(**limits),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Start SGLang's HTTP server with ``argv`` (SGLang's own arguments; HISTOSPEC unless another algorithm)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # our arguments out; a history that cannot be restored refuses the start before SGLang loads anything
+        config, argv = split_histospec_args(argv)
+        _check_history_dir(config.history_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not any(a == "--speculative-algorithm" or a.startswith("--speculative-algorithm=") for a in argv):
         argv += ["--speculative-algorithm", ALGORITHM_NAME]
     from sglang.srt.plugins import load_plugins
@@ -180,13 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     from sglang.srt.entrypoints.engine import init_tokenizer_manager
     from sglang.srt.server_args import prepare_server_args
 
+    from sglang_histospec.plugin.durable import HISTORY_DIR_ENV
     from sglang_histospec.plugin.worker import STATS_DIR_ENV
 
     server_args = prepare_server_args(argv)
     stats_dir = tempfile.mkdtemp(prefix="histospec-sglang-")
     os.environ[STATS_DIR_ENV] = stats_dir  # inherited by the scheduler processes (spawned after this)
+    if config.history_dir is not None:
+        os.environ[HISTORY_DIR_ENV] = os.path.abspath(config.history_dir)
     bridge = SchedulerBridge(stats_dir)
-    add_routes(http_server.app, bridge, getattr(server_args, "admin_api_key", None))
+    add_routes(http_server.app, bridge, getattr(server_args, "admin_api_key", None), config)
 
     def init_tokenizer_manager_with_bridge(server_args, port_args, *rest, **kw):
         bridge.bind(port_args.rpc_ipc_name)
@@ -200,6 +239,20 @@ def main(argv: list[str] | None = None) -> int:
 
         kill_process_tree(os.getpid(), include_parent=False)
     return 0
+
+
+def _check_history_dir(directory: str | None) -> None:
+    """ValueError when ``directory`` cannot be written, or holds a history a restore would refuse (the workers
+    restore it in SGLang's scheduler processes, where a failure would not say so as plainly)."""
+    if directory is None:
+        return
+    from sglang_histospec.drafting.history_log import DurableHistory
+    from sglang_histospec.drafting.history_scan import refusal
+
+    DurableHistory(directory).close()  # ValueError: not writable
+    problem = refusal(directory)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 if __name__ == "__main__":

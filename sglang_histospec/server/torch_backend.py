@@ -17,10 +17,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sglang_histospec.drafting.history_log import SNAPSHOT_NAME, DurableHistory, HistoryWriteError
 from sglang_histospec.drafting.prompt_ids import token_prompt_id
 from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult, SamplingParams
 from sglang_histospec.server.engine_loop import EngineLoop
-from sglang_histospec.server.history_log import SNAPSHOT_NAME, DurableHistory, HistoryWriteError
 from sglang_histospec.server.protocol import (
     BackendError,
     GenerationInput,
@@ -67,7 +67,7 @@ class TorchBackend:
     ``sglang_histospec.engine.Engine``.
 
     Durability (``history_dir``): a push or end_step is answered only once its record is fsync'd to the history
-    log (``server/history_log.py``); snapshots compact the log. A directory that cannot be written refuses the start
+    log (``drafting/history_log.py``); snapshots compact the log. A directory that cannot be written refuses the start
     (ValueError); one lost at run time makes pushes fail with 507 naming the cause and ``/health`` answer 503 until a
     write succeeds again. Responses the server records itself are saved by the next snapshot.
 

@@ -7,7 +7,7 @@ import random
 import sys
 
 from sglang_histospec.drafting.drafter import DrafterConfig
-from sglang_histospec.server.history_log import DurableHistory
+from sglang_histospec.drafting.history_log import DurableHistory
 
 
 def main(directory: str, seed: int) -> None:

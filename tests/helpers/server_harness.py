@@ -36,6 +36,7 @@ class ServerThread:
         max_request_bytes: int = 64 * 2**20,
         snapshot_debounce_s: float = 0.2,
         limits: RequestLimits | None = None,
+        port: int | None = None,
         **engine_kwargs,
     ) -> None:
         engine_cfg = EngineConfig(
@@ -50,7 +51,8 @@ class ServerThread:
                 admin_api_key=admin_api_key, max_request_bytes=max_request_bytes, limits=limits or RequestLimits()
             ),
         )
-        port = free_port()
+        port = port or free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)

@@ -230,6 +230,11 @@ def test_histospec_serve_maps_its_arguments_to_sglang():
         parser.parse_args(["--backend", "sglang", "--model", "/m", "--speculative-algorithm", "NONE"])
     )
     assert "--speculative-algorithm" not in plain
+    durable = _sglang_argv(
+        parser.parse_args(["--backend", "sglang", "--model", "/m", "--history-dir", "/h", "--max-text-chars", "9"])
+    )
+    assert durable[durable.index("--histospec-history-dir") + 1] == "/h"  # issue 44: the workers' durable store
+    assert durable[durable.index("--histospec-max-text-chars") + 1] == "9"
 
 
 def test_drafter_config_from_env():

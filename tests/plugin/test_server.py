@@ -10,36 +10,19 @@ Skips only when ``.venv-sglang`` is absent (run ``make install-sglang``); under 
 from __future__ import annotations
 
 import json
-import os
 import random
 
 import httpx
 import pytest
 
-from tests.sglang_harness import SGLangServer, skip_reason, start_python
+from tests.sglang_harness import SGLangServer, start_python
 
-pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900), pytest.mark.usefixtures("sglang_harness")]
 
 NUM_DRAFT_TOKENS = 6
 MAX_NEW_TOKENS = 32
 NUM_PROMPTS = 24
 VOCAB = 64
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _harness_available():
-    reason = skip_reason()
-    if reason:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must install the SGLang harness first: {reason}")
-        pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from tests.helpers.tiny import make_tiny_model_dir
-
-    return make_tiny_model_dir(tmp_path_factory.mktemp("sglang-model"), arch="llama", vocab_size=VOCAB, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +55,7 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module", autouse=True)
-def conformance():
+def conformance(sglang_harness):
     """SGLang's own checks of the registration, run in the background while the servers start."""
     proc = start_python(CONFORMANCE_CODE)
     yield proc
@@ -82,11 +65,11 @@ def conformance():
 
 
 @pytest.fixture(scope="module")
-def servers(model_dir):
+def servers(sglang_model_dir):
     """SGLang without speculation and with HISTOSPEC (``histospec serve --backend sglang``), started side by side."""
-    plain = SGLangServer(["--model-path", model_dir])
+    plain = SGLangServer(["--model-path", sglang_model_dir])
     histospec = SGLangServer(
-        ["--model-path", model_dir, "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS)],
+        ["--model-path", sglang_model_dir, "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS)],
         module="sglang_histospec.server.sglang_backend",
     )
     try:
@@ -171,7 +154,7 @@ def test_prompt_hash_fallback_without_prompt_id(histospec, reference, prompts):
     assert mean(accept_lengths(second)) > 2.0
 
 
-def test_push_is_visible_and_survives_flush_and_weight_update(histospec, reference, prompts, model_dir):
+def test_push_is_visible_and_survives_flush_and_weight_update(histospec, reference, prompts, sglang_model_dir):
     before = stats(histospec)
     body = {"step": 7, "entries": [{"prompt_id": "pushed-0", "responses": [reference[0]], "rewards": [1.0]}]}
     r = httpx.post(histospec.url + "/histospec/history", json=body, timeout=120)
@@ -182,7 +165,7 @@ def test_push_is_visible_and_survives_flush_and_weight_update(histospec, referen
     assert after_push["prompts"] == before["prompts"] + 1
     assert after_push["history_tokens"] > before["history_tokens"]
 
-    r = httpx.post(histospec.url + "/update_weights_from_disk", json={"model_path": model_dir}, timeout=300)
+    r = httpx.post(histospec.url + "/update_weights_from_disk", json={"model_path": sglang_model_dir}, timeout=300)
     assert r.status_code == 200 and r.json()["success"], r.text
     assert httpx.post(histospec.url + "/flush_cache", timeout=120).status_code == 200
     kept = stats(histospec)

@@ -194,3 +194,34 @@ def test_fuzz_many_examples(backend, router, path, model) -> None:
         _check(router_client, path, body, _router_history(router, backend))
 
     run()
+
+
+STRICT_BODIES = [
+    # (path, content type, body, status, field, words in the message)
+    ("/generate", "application/x-www-form-urlencoded", b"text=hi", 415, "Content-Type", "x-www-form-urlencoded"),
+    ("/histospec/history", "text/plain", b'{"step": 1, "entries": []}', 415, "Content-Type", "text/plain"),
+    ("/generate", "application/json", b'{"text": "ab", "text": "cd"}', 400, "text", 'duplicate JSON key "text"'),
+    (
+        "/histospec/history",
+        "application/json; charset=utf-8",
+        b'{"step": 1, "entries": [{"prompt_id": "p", "prompt_id": "q", "responses": [[4]]}]}',
+        400,
+        "prompt_id",
+        'duplicate JSON key "prompt_id"',
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "ctype", "content", "status", "field", "words"), STRICT_BODIES)
+def test_body_not_json_is_415_and_repeated_key_is_400(backend, router, path, ctype, content, status, field, words):
+    """Issue 44: both APIs name the content type (415) or the repeated key (400) and change nothing."""
+    for client, history_of in (
+        (backend.client._http, _server_history(backend)),
+        (TestClient(create_router_app(router)), _router_history(router, backend)),
+    ):
+        before = history_of()
+        r = client.post(path, content=content, headers={"Content-Type": ctype})
+        assert r.status_code == status, (path, r.text)
+        err = r.json()["error"]
+        assert err["field"] == field and words in err["message"], r.text
+        assert history_of() == before

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from sglang_histospec import cli
+from sglang_histospec.drafting import history_log
 from sglang_histospec.drafting.drafter import DrafterConfig
-from sglang_histospec.server import history_log
-from sglang_histospec.server.history_log import DurableHistory
+from sglang_histospec.drafting.history_log import DurableHistory
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,6 +93,28 @@ def test_torn_last_record_is_cut_and_nothing_replays_twice(tmp_path) -> None:
     restored = DurableHistory(str(tmp_path), DrafterConfig()).restore()
     assert restored.stats()["open_step"] == 3  # step ends 1 (snapshot) and 2 (log), none applied twice
     assert restored.has_visit("a", 1)
+
+
+def test_corrupt_log_record_refuses_serve_with_exit_2(tmp_path, model_dir, capsys) -> None:
+    """Issue 44: a flipped byte inside an acknowledged record stops the start (it used to cut the log there)."""
+    directory = str(tmp_path / "h")
+    store = DurableHistory(directory, DrafterConfig())
+    store.restore()
+    for step in range(3):
+        store.append({"op": "push", "step": step, "entries": [{"prompt_id": f"p{step}", "responses": [[5, 6]]}]})
+    store.close()
+    path = os.path.join(directory, history_log.LOG_NAME)
+    with open(path, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    size = os.path.getsize(path)
+    argv = ["serve", "--model", model_dir, "--device", "cpu", "--history-dir", directory]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert path in err and "byte 8" in err and f"histospec history repair {directory} --drop-from 8" in err
+    assert os.path.getsize(path) == size
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ SGLang runs here from the separate venv ``.venv-sglang`` (``make install-sglang`
 
 * ``site/``: a ``sitecustomize`` that adds TARGET_VERIFY (prefix + tree mask) to SGLang's ``torch_native``
   attention backend, enabled by ``HISTOSPEC_SGLANG_TEST_HARNESS=1``;
-* ``stub_kernel/``: the torch stand-in for ``sgl_kernel``, added only when the venv has no real ``sgl_kernel``.
+* ``stub_kernel/``: the torch stand-in for ``sgl_kernel``, added only when the venv has no real ``sgl_kernel``;
+* the checkout itself, so the package under test is the one SGLang's processes import.
 
 Example::
 
@@ -44,6 +45,24 @@ def skip_reason() -> str | None:
     return None
 
 
+def require_harness() -> None:
+    """Skip the calling test module when the harness is not installed; under CI (``CI`` set) fail instead."""
+    import pytest
+
+    reason = skip_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must install the SGLang harness first: {reason}")
+        pytest.skip(reason)
+
+
+def tiny_model_dir(directory: Path, vocab_size: int = 64) -> str:
+    """The tiny random Llama the SGLang tests serve (seed 0), built in ``directory``."""
+    from tests.helpers.tiny import make_tiny_model_dir
+
+    return make_tiny_model_dir(directory, arch="llama", vocab_size=vocab_size, seed=0)
+
+
 @functools.cache
 def has_real_sgl_kernel() -> bool:
     python = sglang_python()
@@ -58,6 +77,7 @@ def _base_env(with_stub: bool) -> dict[str, str]:
     paths = [str(HARNESS_DIR / "site")]
     if with_stub:
         paths.append(str(HARNESS_DIR / "stub_kernel"))
+    paths.append(str(REPO_ROOT))  # the checkout under test, ahead of the one the venv was installed from
     env.update(
         SGLANG_USE_CPU_ENGINE="1",
         HISTOSPEC_SGLANG_TEST_HARNESS="1",

@@ -1,7 +1,7 @@
 """Durable drafter history: a write-ahead log of pushes and step ends, compacted into snapshots; no torch.
 
 A change is acknowledged only after its log record is fsync'd, so a kill -9 loses nothing acknowledged
-(:class:`DurableHistory`; record layout: :class:`HistoryLog`; README, "Durability and limits"). Example::
+(:class:`DurableHistory`; record layout: ``history_scan``; docs/reliability.md). Example::
 
     store = DurableHistory("/tmp/h", DrafterConfig())     # ValueError if the directory cannot be written
     drafter = store.restore()                             # snapshot + log, or an empty drafter
@@ -12,20 +12,29 @@ A change is acknowledged only after its log record is fsync'd, so a kill -9 lose
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import stat
-import struct
-import zlib
 from typing import Any
+
+from sglang_histospec.drafting.history_scan import (
+    LOG_NAME,
+    MAGIC,
+    MAGIC_SIZE,
+    SNAPSHOT_NAME,
+    HistoryCorrupt,
+    encode_record,
+    fsync_dir,
+    scan_log,
+    snapshot_refusal,
+)
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"HSPWAL\x00\x01"
-_RECORD = struct.Struct("<IIQ")
-SNAPSHOT_NAME = "history.snapshot"
-LOG_NAME = "history.wal"
+NOT_SAVED = "history not saved"
+"""How every message of a failed log write starts (the SGLang path maps it to HTTP 507 by it)."""
+
+__all__ = ["LOG_NAME", "SNAPSHOT_NAME", "DurableHistory", "HistoryCorrupt", "HistoryLog", "HistoryWriteError"]
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -37,23 +46,16 @@ def _write_all(fd: int, data: bytes) -> None:
     os.fsync(fd)
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename or a new file in directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class HistoryLog:
-    """An append-only, fsync'd, checksummed record log.
+    """An append-only, fsync'd, checksummed record log (layout: ``history_scan.MAGIC``).
 
-    Log layout: ``MAGIC`` then records ``<length u32> <crc32 u32> <seq u64> <payload: UTF-8 JSON>``.
+    Opening never changes acknowledged records: :meth:`records` cuts only a torn tail (a crash mid-append) and
+    raises :class:`HistoryCorrupt` for anything else that fails a check.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.version = 2
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         self._fd = os.open(path, flags, 0o644)
         mode = os.fstat(self._fd).st_mode
@@ -63,7 +65,12 @@ class HistoryLog:
         self._size = os.fstat(self._fd).st_size
         if self._size == 0:
             _write_all(self._fd, MAGIC)
-            self._size = len(MAGIC)
+            self._size = MAGIC_SIZE
+
+    @property
+    def size(self) -> int:
+        """Bytes of the log (header included)."""
+        return self._size
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -71,39 +78,29 @@ class HistoryLog:
             self._fd = -1
 
     def records(self) -> list[tuple[int, dict[str, Any]]]:
-        """Every intact record as (seq, payload); a torn or corrupt tail is cut off (it was never acknowledged)."""
+        """Every record as (seq, payload). A torn last record (never acknowledged) is cut off; a corrupt one
+        raises :class:`HistoryCorrupt` (nothing is cut)."""
         with open(self.path, "rb") as f:
             data = f.read()
-        if len(data) < len(MAGIC) and MAGIC.startswith(data):  # a crash while the log was being created
+        if len(data) < MAGIC_SIZE and MAGIC.startswith(data):  # a crash while the log was being created
             os.ftruncate(self._fd, 0)
             _write_all(self._fd, MAGIC)
             data = MAGIC
-        if data[: len(MAGIC)] != MAGIC:
-            raise ValueError(f"history log {self.path}: not a histospec log (bad magic); move it away to start empty")
-        out: list[tuple[int, dict[str, Any]]] = []
-        pos = len(MAGIC)
-        while pos + _RECORD.size <= len(data):
-            length, crc, seq = _RECORD.unpack_from(data, pos)
-            payload = data[pos + _RECORD.size : pos + _RECORD.size + length]
-            if len(payload) < length or zlib.crc32(payload) != crc:
-                break
-            try:
-                record = json.loads(payload)
-            except ValueError:
-                break
-            out.append((seq, record))
-            pos += _RECORD.size + length
-        if pos != len(data):
-            logger.warning("history log %s: cutting %d bytes of a torn last record", self.path, len(data) - pos)
-            os.ftruncate(self._fd, pos)
+        scan = scan_log(self.path, data)
+        if scan.problem is not None:
+            raise HistoryCorrupt(scan)
+        if scan.torn_bytes:
+            logger.warning("history log %s: cutting %d bytes of a torn last record", self.path, scan.torn_bytes)
+            os.ftruncate(self._fd, scan.end)
             os.fsync(self._fd)
-        self._size = pos
-        return out
+        self.version, self._size = scan.version, scan.end
+        return scan.records
 
     def append(self, seq: int, record: dict[str, Any]) -> None:
         """Append one record durably; OSError if it could not be (the log is then as before)."""
-        payload = json.dumps(record, separators=(",", ":")).encode()
-        data = _RECORD.pack(len(payload), zlib.crc32(payload), seq) + payload
+        data = encode_record(seq, record, self.version)
+        if self._size == 0:  # a reset that failed after emptying the file
+            data = MAGIC + data
         try:
             _write_all(self._fd, data)
         except OSError:
@@ -113,10 +110,15 @@ class HistoryLog:
         self._size += len(data)
 
     def reset(self) -> None:
-        """Empty the log (after a snapshot holds every record)."""
-        os.ftruncate(self._fd, len(MAGIC))
-        os.fsync(self._fd)
-        self._size = len(MAGIC)
+        """Empty the log (after a snapshot holds every record); it is written in the current format from then on."""
+        if self.version == 2:
+            os.ftruncate(self._fd, MAGIC_SIZE)
+            os.fsync(self._fd)
+        else:  # a format 1 log becomes format 2 (an empty file is a new log, should this fail half-way)
+            os.ftruncate(self._fd, 0)
+            self.version, self._size = 2, 0
+            _write_all(self._fd, MAGIC)
+        self._size = MAGIC_SIZE
 
 
 class DurableHistory:
@@ -129,7 +131,8 @@ class DurableHistory:
     loses nothing acknowledged. A snapshot (``drafting/snapshot.py``, atomic) records the sequence number of the last
     record it holds; the log is then emptied. Restore = snapshot, then every record with a larger sequence number
     (records already in the snapshot are skipped, so a crash between snapshot and truncation replays nothing twice).
-    A torn last record (a crash mid-append: never acknowledged) is cut off at restore.
+    A torn last record (a crash mid-append: never acknowledged) is cut off at restore; any other damage refuses
+    the restore (:class:`HistoryCorrupt`, naming the file, the byte offset and the repair command).
     """
 
     def __init__(self, directory: str, drafter_config: Any = None) -> None:
@@ -159,31 +162,8 @@ class DurableHistory:
     def restore(self) -> Any:
         """The drafter of the snapshot plus the log's later records (an empty drafter when there is neither).
         ValueError if the snapshot or log is corrupt (refuse to start rather than drop history)."""
-        from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
-        from sglang_histospec.drafting.snapshot import read_snapshot
-
-        cfg = self.drafter_config or DrafterConfig()
-        done = -1
-        if os.path.exists(self.snapshot_path):
-            try:
-                state = read_snapshot(self.snapshot_path)
-            except ValueError as exc:
-                raise ValueError(
-                    f"history snapshot {self.snapshot_path} cannot be restored ({exc}); move it away to start empty"
-                ) from exc
-            done = int(state.get("extra", {}).get("log_seq", -1))
-            drafter = HistoSpecDrafter.from_state(state, cfg)
-        else:
-            drafter = HistoSpecDrafter(cfg)
-        replayed = 0
-        for seq, record in self.log.records():
-            self._seq = max(self._seq, seq)
-            if seq > done:
-                apply_record(drafter, record)
-                replayed += 1
-        self._seq = max(self._seq, done)
-        if replayed:
-            logger.info("replayed %d history log records after the snapshot", replayed)
+        drafter, done = _from_snapshot(self.snapshot_path, self.drafter_config)
+        self._seq = max(self._seq, _replay(drafter, self.log.records(), done), done)
         return drafter
 
     def append(self, record: dict[str, Any]) -> None:
@@ -191,7 +171,7 @@ class DurableHistory:
         try:
             self.log.append(self._seq + 1, record)
         except OSError as exc:
-            self.problem = f"history not saved: cannot write {self.log.path} ({type(exc).__name__}: {exc})"
+            self.problem = f"{NOT_SAVED}: cannot write {self.log.path} ({type(exc).__name__}: {exc})"
             raise HistoryWriteError(self.problem) from exc
         self._seq += 1
         self.problem = None
@@ -210,6 +190,50 @@ class DurableHistory:
 
     def close(self) -> None:
         self.log.close()
+
+
+def read_history(directory: str, drafter_config: Any = None) -> Any:
+    """The drafter a restore of ``directory`` gives, read only (a torn tail is skipped, not cut): for processes that
+    follow a history another process writes. ValueError as :meth:`DurableHistory.restore`."""
+    drafter, done = _from_snapshot(os.path.join(directory, SNAPSHOT_NAME), drafter_config)
+    path = os.path.join(directory, LOG_NAME)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            data = f.read()
+        if len(data) >= MAGIC_SIZE:
+            scan = scan_log(path, data)
+            if scan.problem is not None:
+                raise HistoryCorrupt(scan)
+            _replay(drafter, scan.records, done)
+    return drafter
+
+
+def _from_snapshot(path: str, drafter_config: Any) -> tuple[Any, int]:
+    """(drafter, seq of the last log record it holds) of the snapshot at ``path``; an empty drafter and -1 without."""
+    from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+    from sglang_histospec.drafting.snapshot import read_snapshot
+
+    cfg = drafter_config or DrafterConfig()
+    if not os.path.exists(path):
+        return HistoSpecDrafter(cfg), -1
+    try:
+        state = read_snapshot(path)
+    except ValueError as exc:
+        raise ValueError(snapshot_refusal(path, exc)) from exc
+    return HistoSpecDrafter.from_state(state, cfg), int(state.get("extra", {}).get("log_seq", -1))
+
+
+def _replay(drafter: Any, records: list[tuple[int, dict[str, Any]]], done: int) -> int:
+    """Apply the records after seq ``done``; returns the largest seq seen (-1 for none)."""
+    last, replayed = -1, 0
+    for seq, record in records:
+        last = max(last, seq)
+        if seq > done:
+            apply_record(drafter, record)
+            replayed += 1
+    if replayed:
+        logger.info("replayed %d history log records after the snapshot", replayed)
+    return last
 
 
 class HistoryWriteError(OSError):
