@@ -226,6 +226,20 @@ def test_a_finished_request_is_no_longer_running(backend):
     assert len(d.draft("b", 4)) == 0 and d.check_integrity() is None
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_snapshots_keep_no_running_request(backend, tmp_path):
+    d = drafter(backend, **RUNNING)
+    for req_id in ("a", "b"):
+        d.start(req_id, "p", [3, 9])
+    d.extend("a", [5, 6])
+    d.snapshot(tmp_path / "s.snap")
+    loaded = HistoSpecDrafter.load(tmp_path / "s.snap", DrafterConfig(scorer="anchors", backend=backend, **RUNNING))
+    assert loaded.active_requests() == set() and loaded.check_integrity() is None
+    loaded.start("b", "p", [3, 9])
+    assert len(loaded.draft("b", 4)) == 0  # "a" ran in the snapshotted drafter only
+    assert d.draft("b", 4).token_ids == [5, 6]
+
+
 def test_running_belongs_to_the_anchors_scorer():
     assert DrafterConfig().sources == SOURCES and "running" in SOURCES
     assert DrafterConfig(scorer="counts").sources == COUNTS_SOURCES

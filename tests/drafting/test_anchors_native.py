@@ -111,9 +111,8 @@ def check_both(ref: AnchorIndex, nat: NativeAnchorIndex) -> None:
     assert_same_learning(ref, nat)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kwargs=index_kwargs, ops=st.lists(index_op, max_size=60))
-def test_backends_draft_and_learn_identically(kwargs, ops):
+def run_both(kwargs: dict, ops) -> None:
+    """Apply ``ops`` to both backends, checking them after every call, then end every request."""
     ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
     for op in ops:
         apply_op(op, ref, nat)
@@ -121,6 +120,12 @@ def test_backends_draft_and_learn_identically(kwargs, ops):
     for r in REQS:  # the end of every request resolves its pending drafts with whatever is known
         apply_op(("remove", r), ref, nat)
     check_both(ref, nat)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kwargs=index_kwargs, ops=st.lists(index_op, max_size=60))
+def test_backends_draft_and_learn_identically(kwargs, ops):
+    run_both(kwargs, ops)
 
 
 # Concurrent siblings: every request of one prompt (or none), the running source always on, many extends.
@@ -140,13 +145,7 @@ running_op = st.one_of(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kwargs=running_kwargs, ops=st.lists(running_op, max_size=80))
 def test_running_siblings_draft_and_learn_identically(kwargs, ops):
-    ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
-    for op in ops:
-        apply_op(op, ref, nat)
-        check_both(ref, nat)
-    for r in REQS:
-        apply_op(("remove", r), ref, nat)
-    check_both(ref, nat)
+    run_both(kwargs, ops)
 
 
 def random_run(seed: int, num_ops: int) -> tuple[int, int]:
