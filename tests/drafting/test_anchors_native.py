@@ -395,3 +395,32 @@ def test_drafts_survive_concurrent_source_replacement():
         t.join()
     assert not errors
     assert idx.check_integrity() is None
+
+
+def test_running_siblings_under_concurrent_starts_and_ends():
+    """Threads start, extend, draft and end requests of one prompt at once: drafts read the others in place, under
+    their locks (a deadlock would leave a thread alive)."""
+    idx = NativeAnchorIndex(min_match=1, max_match=16, prompt_tail=1, sources=("running", "self"))
+    base = np.random.default_rng(1).integers(0, 12, size=400).tolist()
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            for i in range(40):
+                rid = f"w{w}-{i}"
+                idx.start(rid, "p", [3, 9])
+                for pos in range(0, 60, 4):
+                    toks, parents, probs, _, _ = idx.draft_batch([rid], [8])[0]
+                    assert len(toks) == len(parents) == len(probs) <= 8
+                    idx.extend(rid, base[(w + i + pos) % 300 :][:4])
+                idx.remove_request(rid)
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert idx.check_integrity() is None
