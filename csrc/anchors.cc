@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <unordered_set>
 
 namespace histospec {
 namespace anchors {
@@ -280,6 +281,21 @@ bool rewrite(const Found& f, const int32_t* ctx, int64_t n, int64_t len, int32_t
 
 constexpr int64_t kPrefetch = 8;  // postings a scan reads ahead (their tokens are cache misses, independent ones)
 
+// One posting of source s (seq[j - 1] is the key, j < seq_len), kept when it matches at least lmin tokens; wclass is
+// the history sequence's weight class (0 elsewhere).
+inline void consider(Scan& sc, int32_t s, int32_t kind, const int32_t* seq, int64_t seq_len, int64_t j, int32_t lmin,
+                     int32_t wclass) {
+  const int64_t n = sc.n;
+  if (kind) {
+    ++j;
+    if (j >= seq_len || seq[j - 1] == sc.ctx[n - 1]) return;
+  }
+  const int32_t length = match_length(seq, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
+  if (length < lmin) return;
+  const int32_t extra = s == kGlobal ? 0 : offset_class(std::abs(j - sc.own)) + 4 * wclass;
+  sc.keep(s, kind, seq, seq_len, j, length, agreement(seq, j, sc.ctx, n, length + kind), extra);
+}
+
 // One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
 // ctx[n - 1 - kind], those matching at least the source's minimum length.
 void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, const CorpusPtr* last) {
@@ -298,16 +314,30 @@ void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, con
       if (p - lo >= kPrefetch) corpus.prefetch(p[-kPrefetch]);
       ++seen;
       const Span seq = corpus.sequence(p->seq);
-      int64_t j = p->j;
-      if (kind) {
-        ++j;
-        if (j >= seq.size || seq.data[j - 1] == sc.ctx[n - 1]) continue;
-      }
-      const int32_t length = match_length(seq.data, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
-      if (length < lmin) continue;
-      int32_t extra = 0;
-      if (s != kGlobal) extra = offset_class(std::abs(j - sc.own)) + (s == kHistory ? 4 * corpus.wclass(p->seq) : 0);
-      sc.keep(s, kind, seq.data, seq.size, j, length, agreement(seq.data, j, sc.ctx, n, length + kind), extra);
+      consider(sc, s, kind, seq.data, seq.size, p->j, lmin, s == kHistory ? corpus.wclass(p->seq) : 0);
+    }
+  }
+}
+
+// The running siblings (group, newest started first, never `self`), each as a corpus of its one sequence ctx[base,
+// n): its postings of the key, newest first, are the key's earlier occurrences found by following prev.
+void scan_running(Scan& sc, int32_t kind, const std::vector<std::shared_ptr<Request>>& group, const Request& self) {
+  const int64_t n = sc.n;
+  if (n < 1 + kind) return;
+  const int32_t key = sc.ctx[n - 1 - kind];
+  const int32_t lmin = kind ? kSubMinMatch : sc.cfg.min_match;
+  int32_t seen = 0;
+  for (auto it = group.rbegin(); it != group.rend(); ++it) {
+    const Request& r = **it;
+    const TokenTable::Slot* e = &r == &self || !r.running ? nullptr : r.last.find(key);
+    if (!e) continue;
+    const int32_t* seq = r.ctx.data() + r.base;
+    const int64_t len = static_cast<int64_t>(r.ctx.size()) - r.base;
+    for (int64_t p = e->lo - 1; p >= r.base; p = r.prev[p]) {
+      if (p - r.base + 1 >= len) continue;  // its last token: nothing follows it yet
+      if (seen == kScan) return;
+      ++seen;
+      consider(sc, kRunning, kind, seq, len, p - r.base + 1, lmin, 0);
     }
   }
 }
@@ -411,7 +441,34 @@ struct Scratch {
   std::vector<Ranked> heap;
   std::vector<int32_t> top, order;
   std::array<int32_t, kDepthMax + 2> depth_start;
+  std::vector<std::mutex*> locks;  // the request mutexes a draft holds
 };
+
+namespace {
+
+// Locks a request and its running group (read by the running source) in address order, so that no two drafts
+// wait on each other in a cycle (extend and remove_request hold one request mutex, and never another).
+class LockAll {
+ public:
+  LockAll(Request& req, const RunningGroup& group, std::vector<std::mutex*>& locks) : locks_(locks) {
+    locks_.assign(1, &req.mu);
+    if (group)
+      for (const auto& r : *group)
+        if (r.get() != &req) locks_.push_back(&r->mu);
+    std::sort(locks_.begin(), locks_.end());
+    for (std::mutex* m : locks_) m->lock();
+  }
+  ~LockAll() {
+    for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock();
+  }
+  LockAll(const LockAll&) = delete;
+  LockAll& operator=(const LockAll&) = delete;
+
+ private:
+  std::vector<std::mutex*>& locks_;
+};
+
+}  // namespace
 
 AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg) {}
 AnchorDrafter::~AnchorDrafter() = default;
@@ -579,7 +636,7 @@ std::string check_pending(const Pending& p, int64_t ctx_len) {
 void Request::append(Span tokens) {
   for (int64_t i = 0; i < tokens.size; ++i) {
     const int32_t t = tokens.data[i];
-    if (track_self) {
+    if (track) {
       TokenTable::Slot& e = last.insert(t);  // a new token's slot has lo = 0: no earlier position
       prev.push_back(e.lo - 1);
       e.lo = static_cast<int32_t>(ctx.size()) + 1;
@@ -594,7 +651,7 @@ std::string Request::check_integrity() const {
     if (!h.empty()) return h;
     if (static_cast<int64_t>(ctx.size()) - p.pos >= kDepthMax) return "a due draft is pending";
   }
-  if (!track_self) return prev.empty() ? "" : "occurrences kept without the self source";
+  if (!track) return prev.empty() ? "" : "occurrences kept without the self or running source";
   if (prev.size() != ctx.size()) return "previous occurrences and context disagree";
   std::unordered_map<int32_t, int32_t> seen;  // token -> its last position so far
   for (size_t i = 0; i < ctx.size(); ++i) {
@@ -616,11 +673,46 @@ void AnchorDrafter::start(const std::string& req_id, const std::string* prompt_i
   auto req = std::make_shared<Request>();
   req->has_prompt = prompt_id != nullptr;
   if (prompt_id) req->prompt_id = *prompt_id;
-  req->track_self = cfg_.sources[kSelf];
+  req->track = cfg_.sources[kSelf] || cfg_.sources[kRunning];
   req->append(prompt_tokens);
   req->prompt_len = prompt_tokens.size;
-  std::unique_lock lock(requests_mu_);
-  requests_[req_id] = std::move(req);  // a restarted id drops its pending drafts unlearnt, as the reference does
+  req->base = prompt_tokens.size - std::min<int64_t>(cfg_.prompt_tail, prompt_tokens.size);
+  req->running = req->has_prompt && cfg_.sources[kRunning];
+  std::shared_ptr<Request> old;
+  {
+    std::unique_lock lock(requests_mu_);
+    std::shared_ptr<Request>& slot = requests_[req_id];
+    old = std::move(slot);  // a restarted id drops its pending drafts unlearnt, as the reference does
+    if (old) leave_group(old);
+    if (req->running) {
+      RunningGroup& group = running_[req->prompt_id];
+      auto next = group ? std::make_shared<std::vector<std::shared_ptr<Request>>>(*group)
+                        : std::make_shared<std::vector<std::shared_ptr<Request>>>();
+      next->push_back(req);
+      group = std::move(next);
+    }
+    slot = std::move(req);
+  }
+  if (old) {
+    std::lock_guard lock(old->mu);
+    old->running = false;
+  }
+}
+
+void AnchorDrafter::leave_group(const std::shared_ptr<Request>& req) {
+  auto it = req->has_prompt ? running_.find(req->prompt_id) : running_.end();
+  if (it == running_.end()) return;
+  auto next = std::make_shared<std::vector<std::shared_ptr<Request>>>();
+  for (const auto& r : *it->second)
+    if (r != req) next->push_back(r);
+  if (next->empty()) running_.erase(it); else it->second = std::move(next);
+}
+
+RunningGroup AnchorDrafter::running_group(const Request& req) const {
+  if (!req.has_prompt || !cfg_.sources[kRunning]) return nullptr;
+  std::shared_lock lock(requests_mu_);
+  const auto it = running_.find(req.prompt_id);
+  return it == running_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<Request> AnchorDrafter::find_request(const std::string& req_id) const {
@@ -650,8 +742,10 @@ void AnchorDrafter::remove_request(const std::string& req_id) {
     if (it == requests_.end()) return;
     req = std::move(it->second);
     requests_.erase(it);
+    leave_group(req);
   }
   std::lock_guard lock(req->mu);
+  req->running = false;
   resolve(*req, true);
 }
 
@@ -721,7 +815,7 @@ void AnchorDrafter::resolve(Request& req, bool final) {
 namespace {
 
 // Every kept anchor of the request into the scratch (anchors.py: _anchors).
-void collect(const Config& cfg, const Learnt& learnt, const Request& req, Scratch& s) {
+void collect(const Config& cfg, const Learnt& learnt, const Request& req, const RunningGroup& group, Scratch& s) {
   const DraftSources& src = req.sources;
   const int64_t n = static_cast<int64_t>(req.ctx.size());
   const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
@@ -741,6 +835,11 @@ void collect(const Config& cfg, const Learnt& learnt, const Request& req, Scratc
     sc.add_rewritten(start);
   }
   if (src.global) scan_list(kGlobal, src.global->data(), src.global->data() + src.global->size());
+  if (group) {
+    const size_t start = s.found.size();
+    for (int32_t kind = 0; kind < 2; ++kind) scan_running(sc, kind, *group, req);
+    sc.add_rewritten(start);
+  }
 }
 
 // The best kMaxAnchors by learnt first-token rate (a rewritten copy whose continuation does not change is no
@@ -778,7 +877,7 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
 
 }  // namespace
 
-void AnchorDrafter::draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out) {
+void AnchorDrafter::draft_one(Request& req, const RunningGroup& group, int32_t budget, Scratch& s, DraftOut& out) {
   out = DraftOut();
   if (budget <= 0) return;
   refresh_sources(req);
@@ -787,7 +886,7 @@ void AnchorDrafter::draft_one(Request& req, int32_t budget, Scratch& s, DraftOut
   Pending p;
   {
     std::shared_lock lock(stats_mu_);
-    collect(cfg_, learnt_, req, s);
+    collect(cfg_, learnt_, req, group, s);
     if (s.found.empty()) return;
     if (!req.spare.empty()) {  // reuse a resolved draft's buffers
       p = std::move(req.spare.back());
@@ -820,8 +919,9 @@ std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>&
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     {
-      std::lock_guard lock(reqs[i]->mu);
-      draft_one(*reqs[i], budgets[i], *scratch, out[i]);
+      const RunningGroup group = running_group(*reqs[i]);
+      LockAll lock(*reqs[i], group, scratch->locks);
+      draft_one(*reqs[i], group, budgets[i], *scratch, out[i]);
     }
     if (ns)
       (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -853,6 +953,7 @@ size_t AnchorDrafter::memory_bytes() const {
     for (const auto& g : global_) total += g.second->memory_bytes();
   }
   std::shared_lock lock(requests_mu_);
+  for (const auto& [id, g] : running_) total += id.capacity() + sizeof(*g) + g->capacity() * sizeof(g->front());
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
     total += id.capacity() + sizeof(Request) + r->ctx.capacity() * sizeof(int32_t);
@@ -903,12 +1004,21 @@ std::string AnchorDrafter::check_integrity() const {
     }
   }
   std::shared_lock lock(requests_mu_);
+  std::unordered_set<const Request*> running;  // the requests every running group must hold, once
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
     const std::string h = r->check_integrity();
     if (!h.empty()) return "request " + id + ": " + h;
+    if (r->running != (r->has_prompt && cfg_.sources[kRunning])) return "request " + id + ": wrong running flag";
+    if (r->running) running.insert(r.get());
   }
-  return "";
+  size_t grouped = 0;
+  for (const auto& [id, g] : running_) {
+    for (const auto& r : *g)  // prompt ids are immutable once a request is published
+      if (!running.count(r.get()) || r->prompt_id != id) return "running group " + id + " holds a stale request";
+    grouped += g->size();
+  }
+  return grouped == running.size() ? "" : "running groups and requests disagree";
 }
 
 }  // namespace anchors

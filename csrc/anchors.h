@@ -10,6 +10,8 @@
 // sources_mu_ (each change bumps a generation; a request re-reads its corpora only when it moved), so a draft
 // keeps reading the ones it took; each request has its own mutex; the learnt tables are read under a shared lock
 // of stats_mu_ while drafting and written under its unique lock when drafts resolve (in extend, remove_request).
+// The running source reads the prompt's other running requests in place (their prev chains are the postings):
+// a draft locks its request and those, in address order, so two drafts never wait on each other in a cycle.
 #pragma once
 
 #include <algorithm>
@@ -153,7 +155,9 @@ struct Request {
   std::string prompt_id;
   std::vector<int32_t> ctx;  // [n] prompt tokens + generated
   int64_t prompt_len = 0;
-  bool track_self = false;       // the self source is on: keep prev and last
+  int64_t base = 0;              // where its running-sibling sequence (prompt tail + generated) starts in ctx
+  bool running = false;          // in its prompt's running group (false once removed or restarted)
+  bool track = false;            // the self or running source is on: keep prev and last
   std::vector<int32_t> prev;     // [n] previous position of ctx[i]'s token, -1 for its first
   TokenTable last;               // token -> lo = 1 + its last position in ctx (hi unused)
   std::vector<Pending> pending;  // unresolved drafts, oldest first
@@ -171,8 +175,10 @@ struct Config {
   int32_t min_match = 1;
   int32_t max_match = 32;
   int32_t prompt_tail = 4;
-  std::array<bool, kNumSources> sources{true, true, true, true};
+  std::array<bool, kNumSources> sources{true, true, true, true, true};
 };
+
+using RunningGroup = std::shared_ptr<const std::vector<std::shared_ptr<Request>>>;  // start order, copy on write
 
 // Learnt counts (int64, as the reference's numpy tables) and the rates derived from them.
 struct Learnt {
@@ -216,8 +222,10 @@ class AnchorDrafter {
   };
 
   std::shared_ptr<Request> find_request(const std::string& req_id) const;
+  RunningGroup running_group(const Request& req) const;  // the running requests of req's prompt (null: none)
+  void leave_group(const std::shared_ptr<Request>& req);  // under a unique lock of requests_mu_
   void refresh_sources(Request& req) const;  // req.sources := the current corpora, unless they did not change
-  void draft_one(Request& req, int32_t budget, Scratch& s, DraftOut& out);
+  void draft_one(Request& req, const RunningGroup& group, int32_t budget, Scratch& s, DraftOut& out);
   void resolve(Request& req, bool final);
   void publish_global();  // global_list_ := global_'s corpora (under a unique lock of sources_mu_)
 
@@ -227,8 +235,9 @@ class AnchorDrafter {
   std::unordered_map<std::string, PromptSources> prompts_;
   std::vector<std::pair<int64_t, CorpusPtr>> global_;  // insertion order
   CorpusList global_list_;                              // global_'s corpora, oldest first
-  mutable std::shared_mutex requests_mu_;
+  mutable std::shared_mutex requests_mu_;  // guards requests_ and running_
   std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
+  std::unordered_map<std::string, RunningGroup> running_;  // prompt id -> its running requests (running source on)
   mutable std::shared_mutex stats_mu_;
   Learnt learnt_;
   std::mutex scratch_mu_;

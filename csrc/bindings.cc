@@ -24,8 +24,8 @@ namespace {
 
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
-const char* const kSourceNames[] = {"history", "siblings", "self", "global", "mixed", "anchors"};
-static_assert(histospec::anchors::kAnchorSource == 5, "kSourceNames is indexed by DraftOut::source");
+const char* const kSourceNames[] = {"history", "siblings", "self", "global", "running", "mixed", "anchors"};
+static_assert(histospec::anchors::kAnchorSource == 6, "kSourceNames is indexed by DraftOut::source");
 
 Span checked(Span s) {
   for (int64_t i = 0; i < s.size; ++i)
@@ -56,7 +56,8 @@ std::array<bool, histospec::kNumSources> parse_sources(const std::vector<std::st
     bool found = false;
     for (int i = 0; i < histospec::kNumSources; ++i)
       if (s == kSourceNames[i]) on[i] = found = true;
-    if (!found) throw std::invalid_argument("unknown source '" + s + "': expected history, siblings, self or global");
+    if (!found)
+      throw std::invalid_argument("unknown source '" + s + "': expected history, siblings, self, global or running");
   }
   return on;
 }
@@ -70,6 +71,8 @@ Config make_config(int32_t min_match, int32_t max_match, bool tree, double min_p
   c.min_prob = min_prob;
   c.use_frequency = use_frequency;
   c.sources = parse_sources(sources);
+  if (c.sources[histospec::kRunning])
+    throw std::invalid_argument("source 'running': the counts scorer has none; use the anchor scorer");
   return c;
 }
 
@@ -201,7 +204,7 @@ void bind_backend(py::class_<D>& c) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Native history index of sglang-histospec (semantics: docs/drafting.md)";
-  m.attr("ABI_VERSION") = 3;  // 3: AnchorDrafter
+  m.attr("ABI_VERSION") = 4;  // 3: AnchorDrafter; 4: the running source
 
   m.def(
       "suffix_array",

@@ -15,8 +15,9 @@
 
 namespace histospec {
 
-enum SourceId : int32_t { kHistory = 0, kSiblings = 1, kSelf = 2, kGlobal = 3, kNumSources = 4 };
-constexpr int32_t kMixed = 4;  // DraftOut::source of a union of several sources' drafts
+// kRunning (the prompt's other running requests) belongs to the anchor scorer; the counts Drafter rejects it.
+enum SourceId : int32_t { kHistory = 0, kSiblings = 1, kSelf = 2, kGlobal = 3, kRunning = 4, kNumSources = 5 };
+constexpr int32_t kMixed = 5;  // DraftOut::source of a union of several sources' drafts
 
 struct Config {
   int32_t min_match = 1;
@@ -24,7 +25,7 @@ struct Config {
   bool tree = true;
   double min_prob = 0.1;
   bool use_frequency = true;
-  std::array<bool, kNumSources> sources{true, true, true, true};
+  std::array<bool, kNumSources> sources{true, true, true, true, false};
 };
 
 struct DraftOut {

@@ -1,5 +1,8 @@
 """The anchor scorer (``DrafterConfig.scorer="anchors"``): calibrated anchors over every match, not the longest one.
 
+Sources: the prompt's history, its finished siblings, the request's own context, the global FIFO, and its running
+siblings (the other started requests of the same prompt: prompt tail + the tokens emitted so far).
+
 An *anchor* is a place in a source whose preceding tokens match the request's context, exactly (any length) or up
 to one substituted last token; where the aligned tokens before it differ from the context, a *rewritten* copy of
 its continuation carries the context's tokens over (a value the response computed differently, copied again later)
@@ -189,6 +192,7 @@ class AnchorIndex(SourceStore):
     def start(self, req_id: str, prompt_id: str | None, prompt_tokens: list[int]) -> None:
         toks = [int(t) for t in prompt_tokens]
         with self._lock:
+            self._requests.pop(req_id, None)  # a restarted request is the newest running one
             self._requests[req_id] = _Request(prompt_id, toks, len(toks))
 
     def extend(self, req_id: str, tokens: list[int]) -> None:
@@ -222,10 +226,25 @@ class AnchorIndex(SourceStore):
                 corpora = [self._history[pid]] if pid in self._history else []
             elif name == "siblings":
                 corpora = list(self._siblings.get(pid, ()))[::-1] if pid is not None else []
+            elif name == "running":
+                corpora = self._running(req)
             else:
                 corpora = list(self._global.values())[::-1]
             if corpora:
                 out.append((s, corpora))
+        return out
+
+    def _running(self, req: _Request) -> list[_Corpus]:
+        """One corpus per other running request of the prompt, newest started first: its prompt tail and the
+        tokens it emitted so far (the sequence a finished sibling stores). Example: a sibling started with prompt
+        ``[4, 7]`` that emitted ``[1, 2]`` is ``(7, 1, 2)`` with ``prompt_tail=1``."""
+        if req.prompt_id is None:
+            return []
+        out = []
+        for r in reversed(self._requests.values()):
+            if r is not req and r.prompt_id == req.prompt_id:
+                base = r.prompt_len - min(self.prompt_tail, r.prompt_len)
+                out.append(_Corpus.build([r.context[base:]], [1]))
         return out
 
     def _anchors(self, req: _Request, reach: int) -> list[tuple[int, int, int, int, tuple[int, ...], int, int]]:

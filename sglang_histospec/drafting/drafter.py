@@ -24,7 +24,7 @@ import numpy as np
 
 from sglang_histospec.drafting.calibration import CalibrationConfig, DraftCalibration
 from sglang_histospec.drafting.reference import ReferenceIndex
-from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, SOURCES, WEIGHT_ONE, Draft
+from sglang_histospec.drafting.types import COUNTS_SOURCES, MAX_BUDGET, MAX_TOKEN_ID, SOURCES, WEIGHT_ONE, Draft
 
 _WEIGHT_SUM_LIMIT = 2**53
 """Weight sums must stay exactly representable as doubles (docs/drafting.md section 3.1)."""
@@ -52,9 +52,9 @@ class DrafterConfig:
     """Extra weight of a visit's best-rewarded response relative to its worst (min-max normalised); 0.0 = off."""
     use_frequency: bool = True
     """True: counts sum the weights of all occurrences; False: the largest single occurrence weight decides."""
-    sources: tuple[str, ...] = ("history", "siblings", "self", "global")
-    """Enabled draft sources, a subset of ("history", "siblings", "self", "global"); their drafts are merged into
-    one tree with averaged path probabilities (docs/drafting.md section 6)."""
+    sources: tuple[str, ...] | None = None
+    """Enabled draft sources, a subset of ``SOURCES`` ("history", "siblings", "self", "global", "running"); None =
+    all that the scorer supports (the counts scorer has no "running"). Docs: docs/drafting.md sections 6 and 13."""
     capacity_tokens: int = 50_000_000
     """History capacity in tokens (tails included); least-recently-used prompts are evicted whole beyond it."""
     max_prompts: int = 1_000_000
@@ -68,6 +68,8 @@ class DrafterConfig:
     match, scored by hit rates learnt online (section 13; ``tree``, ``min_prob`` and ``use_frequency`` unused)."""
 
     def __post_init__(self) -> None:
+        if self.sources is None:
+            self.sources = COUNTS_SOURCES if self.scorer == "counts" else SOURCES
         self.sources = tuple(self.sources)
         ints = {
             "window": (self.window, 1),
@@ -94,6 +96,11 @@ class DrafterConfig:
             raise ValueError(f"DrafterConfig.sources={self.sources!r}: expected distinct names from {SOURCES}")
         if self.scorer not in ("counts", "anchors"):
             raise ValueError(f"DrafterConfig.scorer={self.scorer!r}: expected 'counts' or 'anchors'")
+        if self.scorer == "counts" and "running" in self.sources:
+            raise ValueError(
+                f"DrafterConfig.sources={self.sources!r}: the counts scorer has no 'running' source; drop it or set "
+                "scorer='anchors'"
+            )
         if not self.tree and self.scorer != "counts":
             raise ValueError("DrafterConfig.tree=False: chain mode belongs to the counts scorer; set scorer='counts'")
         if self.backend not in ("auto", "native", "python"):

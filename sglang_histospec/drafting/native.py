@@ -20,7 +20,7 @@ import numpy as np
 
 from sglang_histospec.core import _native
 from sglang_histospec.drafting.reference import DraftTuple
-from sglang_histospec.drafting.types import SOURCES
+from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
 
 if getattr(_native, "ABI_VERSION", 0) < 2:  # a stale build of the skeleton: rebuild with `make install`
     raise ImportError(f"sglang_histospec.core._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)})")
@@ -104,9 +104,9 @@ class NativeIndex(NativeBackend):
         use_frequency: bool,
         sources: tuple[str, ...],
     ) -> None:
-        unknown = [s for s in sources if s not in SOURCES]
+        unknown = [s for s in sources if s not in COUNTS_SOURCES]
         if unknown:
-            raise ValueError(f"unknown source {unknown[0]!r}: expected a subset of {SOURCES}")
+            raise ValueError(f"source {unknown[0]!r}: the counts scorer drafts from a subset of {COUNTS_SOURCES}")
         self.sources = tuple(s for s in SOURCES if s in sources)
         self._impl = _native.Drafter(
             min_match=int(min_match),

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_histospec.drafting.types import MAX_BUDGET, MAX_TOKEN_ID, ROOT, SOURCES, WEIGHT_ONE
+from sglang_histospec.drafting.types import COUNTS_SOURCES, MAX_BUDGET, MAX_TOKEN_ID, ROOT, SOURCES, WEIGHT_ONE
 
 __all__ = ["MAX_BUDGET", "SOURCES", "WEIGHT_ONE", "DraftTuple", "ReferenceIndex", "SourceStore", "merge_drafts"]
 
@@ -115,6 +115,9 @@ class ReferenceIndex(SourceStore):
         self.tree = tree
         self.min_prob = min_prob
         self.use_frequency = use_frequency
+        unknown = [s for s in sources if s not in COUNTS_SOURCES]
+        if unknown:
+            raise ValueError(f"source {unknown[0]!r}: the counts scorer drafts from a subset of {COUNTS_SOURCES}")
         self.sources = tuple(s for s in SOURCES if s in sources)
         super().__init__()
         self._requests: dict[str, _Request] = {}

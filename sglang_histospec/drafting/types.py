@@ -13,8 +13,11 @@ WEIGHT_ONE = 65536
 """Integer weight of one response at age 0 without reward bonus (``docs/drafting.md`` section 1)."""
 MAX_BUDGET = 1024
 """Largest accepted draft budget (nodes per draft)."""
-SOURCES = ("history", "siblings", "self", "global")
-"""All draft sources, in tie-breaking priority order (replay's oracle uses the same names)."""
+SOURCES = ("history", "siblings", "self", "global", "running")
+"""All draft sources, in tie-breaking priority order (replay's oracle uses the same names); "running" (the tokens of
+a prompt's other requests still decoding) belongs to the anchors scorer only."""
+COUNTS_SOURCES = ("history", "siblings", "self", "global")
+"""The sources of the counts scorer (``DrafterConfig.scorer="counts"``)."""
 
 
 def tau(tokens: int | float, verify_steps: int | float) -> float:
@@ -68,7 +71,8 @@ class Draft:
     match_len: int = 0
     """Length of the context suffix that the draft was matched on (0 when nothing matched)."""
     source: str = ""
-    """Where the nodes came from: "history", "siblings", "self", "global", "mixed" or "" (empty draft)."""
+    """Where the nodes came from: "history", "siblings", "self", "global", "mixed" (counts scorer), "anchors" (anchors
+    scorer) or "" (empty draft)."""
 
     @classmethod
     def empty(cls) -> Draft:

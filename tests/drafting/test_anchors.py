@@ -20,13 +20,16 @@ from sglang_histospec.drafting.anchors import (
     length_class,
     rewritten,
 )
+from sglang_histospec.drafting.reference import ReferenceIndex
+from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
 
 try:
+    from sglang_histospec.drafting.native import NativeIndex
     from sglang_histospec.drafting.native_anchors import NativeAnchorIndex
 
     INDEXES = {"python": AnchorIndex, "native": NativeAnchorIndex}
 except (ImportError, AttributeError):
-    INDEXES = {"python": AnchorIndex}
+    INDEXES, NativeIndex = {"python": AnchorIndex}, None
 BACKENDS = list(INDEXES)
 
 P1, P2, P3, P4 = (RATE_PRIOR**d for d in (1, 2, 3, 4))  # the prior hit rates at depths 1-4 before any learning
@@ -167,9 +170,9 @@ def test_learning_waits_for_the_outcome(backend):
 
 
 def test_anchor_class_is_a_bijection_on_its_fields():
-    seen = {anchor_class(s, k, length, h, e) for s in range(4) for k in range(4) for length in (1, 2, 3, 4, 6, 9, 13, 21)
+    seen = {anchor_class(s, k, length, h, e) for s in range(5) for k in range(4) for length in (1, 2, 3, 4, 6, 9, 13, 21)
             for h in range(4) for e in range(12)}  # fmt: skip
-    assert len(seen) == NUM_CLASSES == 4 * 4 * 8 * 4 * 12 and min(seen) == 0 and max(seen) == NUM_CLASSES - 1
+    assert len(seen) == NUM_CLASSES == 5 * 4 * 8 * 4 * 12 and min(seen) == 0 and max(seen) == NUM_CLASSES - 1
 
 
 @pytest.mark.parametrize(
@@ -186,6 +189,65 @@ def test_anchor_class_is_a_bijection_on_its_fields():
 )
 def test_rewritten(seq, j, ctx, reach, expected):
     assert rewritten(seq, j, ctx, len(ctx), reach) == expected
+
+
+RUNNING = {"sources": ("running",), "prompt_tail": 1}
+RUNNING_CASES = [
+    # (name, requests as (id, prompt id, emitted tokens), the drafting request, its draft's tokens)
+    ("ahead", [("a", "p", [5, 6, 7]), ("b", "p", [])], "b", [5, 6, 7]),
+    ("not-itself", [("a", "p", [5, 6, 7]), ("b", "p", [])], "a", []),
+    ("newest-started-first", [("a", "p", [5, 6]), ("c", "p", [5, 8]), ("b", "p", [])], "b", [5, 8, 6]),
+    ("other-prompt", [("a", "q", [5, 6, 7]), ("b", "p", [])], "b", []),
+    ("no-prompt-id", [("a", None, [5, 6, 7]), ("b", None, [])], "b", []),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,requests,who,expected", RUNNING_CASES, ids=[c[0] for c in RUNNING_CASES])
+def test_running_siblings(backend, name, requests, who, expected):
+    """A request drafts what its prompt's other running requests emitted after its context's suffix (prompt tail
+    [9] here), never from itself, another prompt's requests or requests without a prompt id."""
+    d = drafter(backend, **RUNNING)
+    for req_id, prompt_id, emitted in requests:
+        d.start(req_id, prompt_id, [3, 9])
+        d.extend(req_id, emitted)
+    out = d.draft(who, 4)
+    assert out.token_ids == expected and d.check_integrity() is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_finished_request_is_no_longer_running(backend):
+    d = drafter(backend, **RUNNING)
+    for req_id in ("a", "b"):
+        d.start(req_id, "p", [3, 9])
+    d.extend("a", [5, 6])
+    assert d.draft("b", 4).token_ids == [5, 6]
+    d.finish("a", [5, 6])  # a sibling now: drafted by the siblings source only
+    assert len(d.draft("b", 4)) == 0 and d.check_integrity() is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_snapshots_keep_no_running_request(backend, tmp_path):
+    d = drafter(backend, **RUNNING)
+    for req_id in ("a", "b"):
+        d.start(req_id, "p", [3, 9])
+    d.extend("a", [5, 6])
+    d.snapshot(tmp_path / "s.snap")
+    loaded = HistoSpecDrafter.load(tmp_path / "s.snap", DrafterConfig(scorer="anchors", backend=backend, **RUNNING))
+    assert loaded.active_requests() == set() and loaded.check_integrity() is None
+    loaded.start("b", "p", [3, 9])
+    assert len(loaded.draft("b", 4)) == 0  # "a" ran in the snapshotted drafter only
+    assert d.draft("b", 4).token_ids == [5, 6]
+
+
+def test_running_belongs_to_the_anchors_scorer():
+    assert DrafterConfig().sources == SOURCES and "running" in SOURCES
+    assert DrafterConfig(scorer="counts").sources == COUNTS_SOURCES
+    with pytest.raises(ValueError, match="counts scorer has no 'running' source"):
+        DrafterConfig(scorer="counts", sources=("history", "running"))
+    for cls in (ReferenceIndex, *([NativeIndex] if NativeIndex else [])):
+        with pytest.raises(ValueError, match="source 'running': the counts scorer drafts from a subset"):
+            cls(min_match=1, max_match=4, tree=True, min_prob=0.1, use_frequency=True, sources=("running",))
 
 
 def test_bad_scorer_names_the_choices():

@@ -36,7 +36,7 @@ index_kwargs = st.fixed_dictionaries(
         "min_match": st.integers(1, 3),
         "max_match": st.sampled_from([3, 4, 8, 32]),
         "prompt_tail": st.integers(0, 3),
-        "sources": st.lists(st.sampled_from(SOURCES), min_size=1, max_size=4, unique=True).map(tuple),
+        "sources": st.lists(st.sampled_from(SOURCES), min_size=1, max_size=len(SOURCES), unique=True).map(tuple),
     }
 )
 index_op = st.one_of(
@@ -111,9 +111,8 @@ def check_both(ref: AnchorIndex, nat: NativeAnchorIndex) -> None:
     assert_same_learning(ref, nat)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(kwargs=index_kwargs, ops=st.lists(index_op, max_size=60))
-def test_backends_draft_and_learn_identically(kwargs, ops):
+def run_both(kwargs: dict, ops) -> None:
+    """Apply ``ops`` to both backends, checking them after every call, then end every request."""
     ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
     for op in ops:
         apply_op(op, ref, nat)
@@ -121,6 +120,32 @@ def test_backends_draft_and_learn_identically(kwargs, ops):
     for r in REQS:  # the end of every request resolves its pending drafts with whatever is known
         apply_op(("remove", r), ref, nat)
     check_both(ref, nat)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kwargs=index_kwargs, ops=st.lists(index_op, max_size=60))
+def test_backends_draft_and_learn_identically(kwargs, ops):
+    run_both(kwargs, ops)
+
+
+# Concurrent siblings: every request of one prompt (or none), the running source always on, many extends.
+running_kwargs = index_kwargs.map(lambda kw: {**kw, "sources": tuple({*kw["sources"], "running"})})
+running_op = st.one_of(
+    st.tuples(st.just("start"), st.sampled_from(REQS), st.sampled_from(("p0", "p0", None)), tokens),
+    st.tuples(st.just("extend"), st.sampled_from(REQS), tokens),
+    st.tuples(st.just("extend"), st.sampled_from(REQS), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3)),
+    st.tuples(st.just("remove"), st.sampled_from(REQS)),
+    st.tuples(st.just("sibling"), st.just("p0"), sequence),
+    st.tuples(
+        st.just("draft"), st.lists(st.tuples(st.sampled_from(REQS), st.integers(0, 40)), min_size=1, max_size=4)
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kwargs=running_kwargs, ops=st.lists(running_op, max_size=80))
+def test_running_siblings_draft_and_learn_identically(kwargs, ops):
+    run_both(kwargs, ops)
 
 
 def random_run(seed: int, num_ops: int) -> tuple[int, int]:
@@ -205,6 +230,34 @@ def test_scan_cap_and_long_learning():
             idx.extend("r", truth[pos : pos + k])
         pos += k
     assert ref._tries[:, DEPTH_MAX - 1].sum() > 100
+    check_both(ref, nat)
+
+
+def test_running_scan_cap_and_lockstep_learning():
+    """Three running siblings in lockstep, each past SCAN positions of a key token: the cap counts positions over
+    all of them, newest started first, and both backends learn the running classes identically."""
+    rng = random.Random(5)
+    kwargs = dict(min_match=1, max_match=32, prompt_tail=2, sources=("running", "self"))
+    ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
+    truths = [[rng.randrange(2) for _ in range(400)] for _ in range(3)]
+    pos = [0, 0, 0]
+    for idx in (ref, nat):
+        for i in range(3):
+            idx.start(f"r{i}", "p", [1, 0, 1])
+    while min(pos) < 400:
+        for i, truth in enumerate(truths):
+            if pos[i] >= len(truth):
+                continue
+            expected = ref.draft_batch([f"r{i}"], [16])
+            assert nat.draft_batch([f"r{i}"], [16]) == expected
+            toks, parents = expected[0][:2]
+            k = min(accepted_length(toks, parents, truth, pos[i]) + 1, len(truth) - pos[i])
+            for idx in (ref, nat):
+                idx.extend(f"r{i}", truth[pos[i] : pos[i] + k])
+            pos[i] += k
+    assert sum(t.count(0) for t in truths) > 2 * SCAN
+    running = SOURCES.index("running") * (len(ref._tries) // len(SOURCES))
+    assert ref._tries[running:, 0].sum() > 0  # the running classes learnt
     check_both(ref, nat)
 
 
@@ -341,4 +394,33 @@ def test_drafts_survive_concurrent_source_replacement():
     for t in threads:
         t.join()
     assert not errors
+    assert idx.check_integrity() is None
+
+
+def test_running_siblings_under_concurrent_starts_and_ends():
+    """Threads start, extend, draft and end requests of one prompt at once: drafts read the others in place, under
+    their locks (a deadlock would leave a thread alive)."""
+    idx = NativeAnchorIndex(min_match=1, max_match=16, prompt_tail=1, sources=("running", "self"))
+    base = np.random.default_rng(1).integers(0, 12, size=400).tolist()
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            for i in range(40):
+                rid = f"w{w}-{i}"
+                idx.start(rid, "p", [3, 9])
+                for pos in range(0, 60, 4):
+                    toks, parents, probs, _, _ = idx.draft_batch([rid], [8])[0]
+                    assert len(toks) == len(parents) == len(probs) <= 8
+                    idx.extend(rid, base[(w + i + pos) % 300 :][:4])
+                idx.remove_request(rid)
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
     assert idx.check_integrity() is None

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from sglang_histospec.core import _native
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.native import NativeIndex
-from sglang_histospec.drafting.reference import SOURCES, WEIGHT_ONE, ReferenceIndex
+from sglang_histospec.drafting.reference import WEIGHT_ONE, ReferenceIndex
+from sglang_histospec.drafting.types import COUNTS_SOURCES
 
 VOCAB = 4
 PROMPTS = ("p0", "p1", "p2")
@@ -36,7 +37,7 @@ backend_kwargs = st.fixed_dictionaries(
         "tree": st.booleans(),
         "min_prob": st.sampled_from([0.01, 0.1, 0.25, 0.5, 1.0]),
         "use_frequency": st.booleans(),
-        "sources": st.lists(st.sampled_from(SOURCES), min_size=1, max_size=4, unique=True).map(tuple),
+        "sources": st.lists(st.sampled_from(COUNTS_SOURCES), min_size=1, max_size=4, unique=True).map(tuple),
     }
 )
 backend_op = st.one_of(
@@ -119,7 +120,7 @@ def random_backend_run(seed: int, num_ops: int) -> tuple[int, int]:
         "tree": rng.random() < 0.7,
         "min_prob": rng.choice([0.01, 0.05, 0.1, 0.3]),
         "use_frequency": rng.random() < 0.7,
-        "sources": tuple(s for s in SOURCES if rng.random() < 0.6) or ("history",),
+        "sources": tuple(s for s in COUNTS_SOURCES if rng.random() < 0.6) or ("history",),
     }
     ref, nat = ReferenceIndex(**kwargs), NativeIndex(**kwargs)
 
@@ -162,7 +163,9 @@ def test_backends_seeded_quick(seed):
 @pytest.mark.parametrize("use_frequency", [True, False])
 def test_many_siblings_merge_into_parts(use_frequency):
     """Siblings are kept as a binary counter of index parts; drafts aggregate over all of them exactly."""
-    kwargs = dict(min_match=1, max_match=6, tree=True, min_prob=0.05, use_frequency=use_frequency, sources=SOURCES)
+    kwargs = dict(
+        min_match=1, max_match=6, tree=True, min_prob=0.05, use_frequency=use_frequency, sources=COUNTS_SOURCES
+    )
     ref, nat = ReferenceIndex(**kwargs), NativeIndex(**kwargs)
     rng = random.Random(7)
     base = [rng.randrange(6) for _ in range(30)]
@@ -222,7 +225,7 @@ facade_config = st.fixed_dictionaries(
         "recency_decay": st.sampled_from([1.0, 0.5, 0.3]),
         "reward_weight": st.sampled_from([0.0, 1.0, 2.5]),
         "use_frequency": st.booleans(),
-        "sources": st.lists(st.sampled_from(SOURCES), min_size=1, max_size=4, unique=True).map(tuple),
+        "sources": st.lists(st.sampled_from(COUNTS_SOURCES), min_size=1, max_size=4, unique=True).map(tuple),
         "capacity_tokens": st.sampled_from([30, 80, 10_000]),
         "global_capacity_tokens": st.sampled_from([20, 1000]),
     }
@@ -307,9 +310,9 @@ def test_worked_example_and_sources():
 
 
 def test_bad_input_raises_value_error():
-    with pytest.raises(ValueError, match="unknown source"):
+    with pytest.raises(ValueError, match="source .nope.: the counts scorer drafts from a subset"):
         NativeIndex(min_match=1, max_match=4, tree=True, min_prob=0.1, use_frequency=True, sources=("nope",))
-    idx = NativeIndex(min_match=1, max_match=4, tree=True, min_prob=0.1, use_frequency=True, sources=SOURCES)
+    idx = NativeIndex(min_match=1, max_match=4, tree=True, min_prob=0.1, use_frequency=True, sources=COUNTS_SOURCES)
     with pytest.raises(ValueError, match="one weight per sequence"):
         idx.set_history("p", _arrays([[1, 2]]), [])
     with pytest.raises(ValueError, match="weight 0 < 1"):

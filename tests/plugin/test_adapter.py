@@ -79,6 +79,19 @@ def test_verified_drafts_teach_the_drafters_calibration():
     assert sum(r["nodes"] for r in c.drafter.calibration.table()) == 3
 
 
+def test_running_samples_of_a_prompt_draft_from_each_other():
+    """SGLang's samples of one prompt share its key: a sample drafts what another one emitted while both run."""
+    c = corpus(drafter=DrafterConfig(sources=("running",), prompt_tail=1))
+    key = prompt_key(None, [1, 2])
+    c.observe("a", key, [1, 2], [5, 6, 7])
+    c.observe("b", key, [1, 2], [])
+    tokens, mask = c.draft_batch(["b"])
+    _check_layout(tokens, mask, [2])
+    assert tokens.tolist() == [2, 5, 6, 7]
+    c.finish("a", [5, 6, 7], aborted=False, truncated=False)  # a finished sibling: not a running one
+    assert c.draft_batch(["b"])[0].tolist() == [2, 0, 0, 0]
+
+
 def test_unknown_prompt_gets_padding_only():
     c = corpus()
     c.push(0, [("p", [[5, 6, 7, 8]], None)])
