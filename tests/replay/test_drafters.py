@@ -169,15 +169,21 @@ _CONFIGS = [
 
 
 @settings(max_examples=40, deadline=None)
-@given(records=st.lists(_record, min_size=1, max_size=10), config=st.sampled_from(_CONFIGS), budget=st.integers(1, 5))
-def test_oracle_bounds_drafters_on_random_traces(records, config, budget):
+@given(
+    records=st.lists(_record, min_size=1, max_size=10),
+    config=st.sampled_from(_CONFIGS),
+    budget=st.integers(1, 5),
+    schedule=st.sampled_from([("sequential", None), ("lockstep", None), ("lockstep", 2)]),
+)
+def test_oracle_bounds_drafters_on_random_traces(records, config, budget, schedule):
     recs, count = [], {}
     for step, pid, resp in records:
         sample = count.get((step, pid), 0)
         count[(step, pid)] = sample + 1
         recs.append(TraceRecord(step, pid, sample, [1, 2] if pid == "a" else [3], resp))
     name, opts = config
-    res = replay(steps_of(recs), build_drafter(name, budget, **opts), ReplayConfig(budget=budget))
+    cfg = ReplayConfig(budget=budget, schedule=schedule[0], max_running=schedule[1])
+    res = replay(steps_of(recs), build_drafter(name, budget, **opts), cfg)
     assert res.tokens == sum(len(r.response) for r in recs)
     for s in res.per_step:
         assert s.oracle_steps <= s.verify_steps <= s.tokens
