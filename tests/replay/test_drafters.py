@@ -113,6 +113,9 @@ def test_peer_refused_with_make_target_when_missing(monkeypatch, name, module):
         if mod == module or mod.startswith(module + "."):
             monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, module, None)  # import of the package fails
+    from sglang_histospec.replay.drafters import sglang_ngram
+
+    monkeypatch.setattr(sglang_ngram, "_LOADED", [])  # as before any import
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.split(".")[0] == module else _spec(n))
     with pytest.raises(PeerUnavailable, match="make install-peers"):
         build_drafter(name, 4)

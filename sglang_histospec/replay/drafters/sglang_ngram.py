@@ -39,6 +39,11 @@ class NgramConfig:
     """Trie capacity in nodes."""
 
 
+_LOADED: list = []
+"""The imported ``NgramCorpus`` class: its C++ type registers once per process, so it is never imported twice (even
+when a caller drops the ``sglang`` modules from ``sys.modules``)."""
+
+
 def _light_import():
     """Import ``NgramCorpus`` without running ``sglang/__init__.py``.
 
@@ -47,6 +52,8 @@ def _light_import():
     ``sglang.srt.utils.common``; everything that then runs is SGLang's own code (the C++ is JIT-compiled on first
     use, then cached: docs/replay.md section 7).
     """
+    if _LOADED:
+        return _LOADED[0]
     if "sglang.srt.speculative.cpp_ngram.ngram_corpus" in sys.modules:
         return sys.modules["sglang.srt.speculative.cpp_ngram.ngram_corpus"].NgramCorpus
     spec = importlib.util.find_spec("sglang")
@@ -63,6 +70,7 @@ def _light_import():
         sys.modules["sglang.srt.utils.common"] = common
     from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
 
+    _LOADED.append(NgramCorpus)
     return NgramCorpus
 
 
