@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 from sglang_histospec.drafting.types import ROOT, Draft
 from sglang_histospec.replay.drafters.registry import build_drafter
 from sglang_histospec.replay.simulator import (
+    NEVER,
     BaseDrafter,
+    OpenRounds,
     Oracle,
     ReplayConfig,
     Request,
@@ -236,6 +239,26 @@ def test_oracle_rounds_match_brute_force(reqs, sources, live, budget):
         built.append(Request(f"r{sample}", rec(sample, resp, pid, prompt=(7,) if pid == "a" else (8, 7)), start, ends))
     got = Oracle(budget, sources, None, live).step(built)
     assert got == [brute_steps(built, i, budget, sources, live) for i in range(len(built))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 9)), max_size=8), max_size=4),
+    owner=st.integers(0, 4),
+    probe=st.lists(st.integers(0, 6), max_size=6),
+)
+def test_open_rounds_matches_a_dict(groups, owner, probe):
+    """OpenRounds = per key, the earliest round in a request other than the owner (a plain dict reference)."""
+    keys = [np.array([k for k, _ in g], dtype=np.uint64) for g in groups]
+    rounds = [np.array([r for _, r in g], dtype=np.int64) for g in groups]
+    table = OpenRounds(keys, rounds, list(range(len(groups))))
+    want = {}
+    for w, g in enumerate(groups):
+        for k, r in g:
+            if w != owner:
+                want[k] = min(want.get(k, NEVER), r)
+    got = table.lookup(np.array(probe, dtype=np.uint64), owner).tolist()
+    assert got == [want.get(k, NEVER) for k in probe]
 
 
 # --- --peer-reset step: every step replays as if it were the trace's only one ---
