@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=8)
     parser.add_argument(
         "--schedule", choices=("sequential", "lockstep"), default="sequential",
-        help="replay schedule (default sequential: the schedule of the figures in docs/benchmarks.md)",
+        help="replay schedule (default sequential: the schedule of its published figures)",
     )  # fmt: skip
     args = parser.parse_args()
     _instrument(args.budget)
