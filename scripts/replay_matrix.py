@@ -3,23 +3,28 @@
 Each cell is what ``histospec replay TRACE --drafter D --budget N --json`` prints (the histospec cell also holds the
 all-history oracle). Results are cached in ``--cache`` (one JSON object per line), so an interrupted run resumes and
 a rerun only computes new cells. ``--hs KEY=VALUE,...`` replays histospec with DrafterConfig overrides (tuning
-sweeps), labelled ``histospec[KEY=VALUE,...]``.
+sweeps), labelled ``histospec[KEY=VALUE,...]``. ``--schedule`` and ``--max-running`` pick the replay's schedule; a
+peer written ``NAME@step`` (e.g. ``sglang-ngram@step``) runs with ``peer_reset="step"`` (NGRAM as deployed). Every
+row records the schedule, the peer reset and the commit it ran at.
 
 Example::
 
     python scripts/replay_matrix.py docs/data/smollm2-arith.jsonl.gz --budgets 4,8,16,32 --cache build/replay.jsonl
     python scripts/replay_matrix.py docs/data/smollm2-*.jsonl.gz --drafters histospec --hs window=2
+    python scripts/replay_matrix.py docs/data/smollm2-units.jsonl.gz --schedule sequential \
+        --drafters histospec,sglang-ngram,sglang-ngram@step --cache build/units_sequential.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 DEFAULT_DRAFTERS = "histospec,sglang-ngram,suffix,rhymerl,prompt-lookup"
-PEER_OPTS = {"sglang-ngram": {"ngram_capacity": 1_000_000}}
+PEER_OPTS = {"sglang-ngram": {"ngram_capacity": 2_000_000}}
 
 
 def _overrides(text: str | None) -> dict:
@@ -36,19 +41,28 @@ def _overrides(text: str | None) -> dict:
     return out
 
 
-def cell(trace: str, drafter: str, budget: int, hs: dict) -> dict:
-    """One replay, as ``histospec replay --json`` reports it."""
+def cell(trace: str, drafter: str, budget: int, hs: dict, schedule: dict) -> dict:
+    """One replay, as ``histospec replay --json`` reports it; ``drafter`` may carry ``@step`` (peer reset)."""
     from sglang_histospec.replay.drafters.registry import build_drafter
     from sglang_histospec.replay.simulator import ReplayConfig, replay
     from sglang_histospec.trace.format import load_steps
 
     steps, _ = load_steps(trace)
-    ours = drafter == "histospec"
-    cfg = ReplayConfig(budget=budget, oracle=ours, progress=False, oracle_all_history=ours)
-    opts = hs if ours else PEER_OPTS.get(drafter, {})
-    res = replay(steps, build_drafter(drafter, budget, **opts), cfg).to_json()
+    name, _, reset = drafter.partition("@")
+    ours = name == "histospec"
+    cfg = ReplayConfig(budget=budget, oracle=ours, progress=False, oracle_all_history=ours, **schedule)
+    opts = hs if ours else dict(PEER_OPTS.get(name, {}), peer_reset=reset or None)
+    res = replay(steps, build_drafter(name, budget, **opts), cfg).to_json()
     res.pop("per_step", None)
+    res.update(schedule=cfg.schedule, max_running=cfg.width, peer_reset=reset or "never")
     return res
+
+
+def _commit() -> str:
+    """The commit the rows are computed at ("+dirty" when the work tree differs from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return head + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", default="4,8,16,32")
     ap.add_argument("--hs", default=None, help="DrafterConfig overrides for histospec: KEY=VALUE,...")
     ap.add_argument("--cache", default="build/replay_matrix.jsonl")
+    ap.add_argument("--schedule", default="lockstep", choices=("lockstep", "sequential"))
+    ap.add_argument("--max-running", type=int, default=None)
     args = ap.parse_args(argv)
+    schedule = {"schedule": args.schedule, "max_running": args.max_running}
+    commit = _commit()
     hs = _overrides(args.hs)
     label = "histospec" + (f"[{args.hs}]" if args.hs else "")
     cache = Path(args.cache)
@@ -75,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in budgets:
                 if (trace, name, n) in done:
                     continue
-                res = {"trace": trace, "label": name, **cell(trace, drafter, n, hs)}
+                res = {"trace": trace, "label": name, **cell(trace, drafter, n, hs, schedule), "commit": commit}
                 done[(trace, name, n)] = res
                 with cache.open("a") as f:
                     f.write(json.dumps(res) + "\n")

@@ -77,14 +77,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace")
     parser.add_argument("--budget", type=int, default=8)
+    parser.add_argument(
+        "--schedule", choices=("sequential", "lockstep"), default="sequential",
+        help="replay schedule (default sequential: the schedule of its published figures)",
+    )  # fmt: skip
     args = parser.parse_args()
     _instrument(args.budget)
     steps, _ = load_steps(args.trace)
-    res = replay(steps, build_drafter("histospec", args.budget, backend="python"), ReplayConfig(budget=args.budget))
+    cfg = ReplayConfig(budget=args.budget, schedule=args.schedule)
+    res = replay(steps, build_drafter("histospec", args.budget, backend="python"), cfg)
     k = max(TALLY.pop("drafts"), 1)
     means = {name: round(v / k, 4) for name, v in sorted(TALLY.items())}
-    print(json.dumps({"trace": args.trace, "budget": args.budget, "tau": res.tau, "oracle_tau": res.oracle_tau,
-                      "drafts": k, **means}))  # fmt: skip
+    print(json.dumps({"trace": args.trace, "budget": args.budget, "schedule": args.schedule, "tau": res.tau,
+                      "oracle_tau": res.oracle_tau, "drafts": k, **means}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Example: ``histospec replay run.jsonl.gz --drafter histospec --budget 8 --json``. The last stdout line
 (``--json``) holds ``drafter, budget, responses, tokens, verify_steps, tau, drafted, accepted, accept_rate,
 oracle_tau, draft_us_p50, draft_us_p99`` (docs/replay.md section 4), ``est_speedup`` (always: with ``--verify-cost
-FILE`` or the built-in default table, named in ``verify_cost``), plus ``trace_sorted``, ``wall_s``,
-``tokens_per_min`` and, with ``--per-step``, ``per_step``. Semantics and proofs: docs/replay.md.
+FILE`` or the built-in default table, named in ``verify_cost``), plus ``schedule``, ``max_running``, ``peer_reset``,
+``trace_sorted``, ``wall_s``, ``tokens_per_min`` and, with ``--per-step``, ``per_step``. Semantics and proofs:
+docs/replay.md.
 """
 
 from __future__ import annotations
@@ -19,10 +20,19 @@ HELP = "replay a trace with a drafter: exact tau, acceptance and the history ora
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.replay.drafters.registry import DRAFTERS, add_drafter_arguments
+    from sglang_histospec.replay.simulator import SCHEDULES
 
     parser.add_argument("trace", help="JSONL(.gz) trace (docs/replay.md section 1)")
     parser.add_argument("--drafter", required=True, choices=DRAFTERS, help="which drafter to replay")
     parser.add_argument("--budget", type=int, required=True, help="N: at most N draft nodes per verify step")
+    parser.add_argument(
+        "--schedule", choices=SCHEDULES, default="lockstep",
+        help="lockstep: a step's requests decode concurrently (default); sequential: one after another, shortest first",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-running", type=int, default=None, metavar="N",
+        help="lockstep: at most N requests at once, in (prompt, sample) order (default: all of a step's)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object on the last stdout line")
     parser.add_argument("--plot", metavar="PNG", default=None, help="write per-step tau and acceptance plots")
     parser.add_argument(
@@ -58,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             progress=args.progress,
             oracle_sources=None if args.oracle_sources is None else tuple(args.oracle_sources.split(",")),
             oracle_all_history=args.oracle_all_history,
+            schedule=args.schedule,
+            max_running=args.max_running,
         )
         drafter = build_drafter(args.drafter, args.budget, **drafter_options(args))
     except (TraceError, ValueError, OSError, PeerUnavailable) as e:
@@ -69,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
         )
     res = replay(steps, drafter, cfg)
     out = res.to_json()
+    out["schedule"] = cfg.schedule
+    out["max_running"] = cfg.width
+    out["peer_reset"] = args.peer_reset or "never"
     out["verify_cost"] = args.verify_cost or "default"
     out["batch"] = args.batch
     out["trace_sorted"] = was_sorted

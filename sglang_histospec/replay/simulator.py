@@ -1,7 +1,8 @@
 """Exact offline replay of a drafter on a recorded trace, and the oracle that bounds it (docs/replay.md).
 
-:func:`replay` decodes every response step by step against its recorded tokens (rules: its docstring; semantics:
-docs/replay.md section 3; the metrics ``tau``, ``accept_rate``, ``oracle_tau``, ``est_speedup``: sections 4-6).
+:func:`replay` decodes every response verify step by verify step against its recorded tokens, a step's requests
+concurrently (``schedule="lockstep"``) or one after another (``"sequential"``); rules: its docstring; semantics:
+docs/replay.md section 3; the metrics ``tau``, ``accept_rate``, ``oracle_tau``, ``est_speedup``: sections 4-6.
 
 Example (``NoneDrafter`` never drafts, so every verify step emits exactly one token)::
 
@@ -25,7 +26,12 @@ import numpy as np
 from sglang_histospec.drafting.types import MAX_BUDGET, SOURCES, AcceptanceRates, Draft, accepted_length
 from sglang_histospec.drafting.verify_cost import VerifyCostTable
 from sglang_histospec.trace.format import TraceRecord, TraceStep
-from sglang_histospec.trace.kgrams import KeySet, kgram_keys, leading_true, self_occurs
+from sglang_histospec.trace.kgrams import PAD, KeySet, kgram_keys, self_occurs
+
+SCHEDULES = ("lockstep", "sequential")
+"""Orders of a step's requests (``ReplayConfig.schedule``; docs/replay.md section 3)."""
+NEVER = np.iinfo(np.int64).max
+"""Round of a k-gram that no open source holds."""
 
 
 class ReplayDrafter(Protocol):
@@ -37,7 +43,9 @@ class ReplayDrafter(Protocol):
     window: int | None
     """History visits of a prompt the drafter keeps (None = all)."""
     live_global: bool
-    """True when finished responses of the open step are visible to the global source at once."""
+    """True when the open step's responses feed the global source as they are emitted (the peers' live caches)."""
+    resets_each_step: bool
+    """True when the drafter's global cache is emptied at every step boundary (``--peer-reset step``)."""
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None: ...
     def extend(self, req_id: str, tokens: list[int]) -> None: ...
@@ -61,6 +69,7 @@ class BaseDrafter:
     sources: tuple[str, ...] = ()
     window: int | None = None
     live_global = False
+    resets_each_step = False
     pads_to_budget = False
     """True when the engine verifies ``budget`` nodes whatever the draft's size (est_speedup charges them)."""
 
@@ -116,14 +125,31 @@ class ReplayConfig:
     """Oracle sources; None = the drafter's (only then is the oracle a proven upper bound of the drafter)."""
     oracle_all_history: bool = False
     """Oracle over every earlier visit of the prompt instead of the drafter's window."""
+    schedule: str = "lockstep"
+    """"lockstep": a step's requests decode concurrently, one verify step each per round; "sequential": one after
+    another, shortest first (docs/replay.md section 3)."""
+    max_running: int | None = None
+    """Lockstep only: at most this many requests at once, admitted in (prompt, sample) order (None = all)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
             raise ValueError(f"budget={self.budget!r} must be an int in [0, {MAX_BUDGET}]")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule={self.schedule!r}: expected one of {SCHEDULES}")
+        if self.max_running is not None and (self.schedule != "lockstep" or self.max_running < 1):
+            raise ValueError(
+                f"max_running={self.max_running!r} needs schedule='lockstep' and a value >= 1 "
+                "(sequential decodes one request at a time; None = all of a step's requests at once)"
+            )
         if self.batch < 1:
             raise ValueError(f"batch={self.batch} must be >= 1")
         if self.oracle_sources is not None and not set(self.oracle_sources) <= set(SOURCES):
             raise ValueError(f"oracle_sources={self.oracle_sources!r}: expected names from {SOURCES}")
+
+    @property
+    def width(self) -> int | None:
+        """Requests decoded at once (None = all of the step's)."""
+        return 1 if self.schedule == "sequential" else self.max_running
 
 
 @dataclass(slots=True)
@@ -188,13 +214,82 @@ class ReplayResult(AcceptanceRates):
         return out
 
 
-class Oracle:
-    """Longest-prefix oracle over the sources a drafter may use (docs/replay.md, "Oracle").
+@dataclass(slots=True)
+class Request:
+    """One response being decoded: its record, the round it started in and its position after every round."""
 
-    Sequences are ``prompt + response`` (a superset of what any drafter indexes, so the bound stays valid).
+    rid: str
+    rec: TraceRecord
+    start_round: int
+    ends: list[int] = field(default_factory=list)
+    """ends[j] = tokens emitted after round start_round + j (the last is the response length)."""
+
+    @property
+    def pos(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def visible_rounds(self, keys: np.ndarray) -> np.ndarray:
+        """int64 like ``keys`` (``kgram_keys(prompt + response)``): the first round whose drafts can see each k-gram.
+
+        A k-gram ending at index E of prompt + response is visible from the round after the one that emitted token
+        E - 1 (from ``start_round`` when it lies in the prompt). Example: prompt [1], ends [2, 3], start 0: the
+        1-gram of response token 0 is visible from round 1, that of token 2 from round 2.
+        """
+        plen = len(self.rec.prompt)
+        kk = np.arange(1, keys.shape[0] + 1)[:, None]
+        need = np.arange(keys.shape[1])[None, :] + kk - plen  # response tokens that must be out
+        rounds = self.start_round + np.searchsorted(np.asarray(self.ends), need, side="left") + 1
+        return np.where(need <= 0, self.start_round, rounds)
+
+
+class OpenRounds:
+    """For the k-grams of a group of requests: the first round a request can see them in another one of the group.
+
+    Built once per step from every request's keys and visible rounds; ``lookup(keys, owner)`` ignores the owner's
+    own occurrences (those are its ``self`` source). Example: two requests that both emit k-gram x, visible from
+    rounds 3 (owner 0) and 5 (owner 1): owner 0 sees x from round 5, owner 1 from round 3, anyone else from 3.
     """
 
-    def __init__(self, budget: int, sources: tuple[str, ...], window: int | None, live_global: bool) -> None:
+    def __init__(self, keys: list[np.ndarray], rounds: list[np.ndarray], owners: list[int]) -> None:
+        k = np.concatenate([x.ravel() for x in keys]) if keys else np.zeros(0, np.uint64)
+        v = np.concatenate([x.ravel() for x in rounds]) if keys else np.zeros(0, np.int64)
+        o = np.concatenate([np.full(x.size, w, np.int64) for x, w in zip(keys, owners)]) if keys else v.copy()
+        keep = k != PAD
+        k, v, o = k[keep], v[keep], o[keep]
+        order = np.lexsort((v, o, k))  # by key, then owner, then round: each (key, owner)'s first round first
+        k, v, o = k[order], v[order], o[order]
+        first = np.ones(len(k), bool)
+        first[1:] = (k[1:] != k[:-1]) | (o[1:] != o[:-1])
+        k, v, o = k[first], v[first], o[first]
+        order = np.lexsort((v, k))  # per key, owners by round: the two earliest come first
+        k, v, o = k[order], v[order], o[order]
+        head = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1]))) if len(k) else np.zeros(0, np.int64)
+        nxt = np.minimum(head + 1, max(len(k) - 1, 0))
+        second = (head + 1 < len(k)) & (k[nxt] == k[head]) if len(k) else np.zeros(0, bool)
+        self.keys, self.round1, self.owner1 = k[head], v[head], o[head]
+        self.round2 = np.where(second, v[nxt], NEVER) if len(k) else np.zeros(0, np.int64)
+
+    def lookup(self, keys: np.ndarray, owner: int) -> np.ndarray:
+        """int64 like ``keys``: the first round at which another request of the group holds each key (NEVER)."""
+        if len(self.keys) == 0:
+            return np.full(keys.shape, NEVER, np.int64)
+        idx = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        hit = (self.keys[idx] == keys) & (keys != PAD)
+        r = np.where(self.owner1[idx] == owner, self.round2[idx], self.round1[idx])
+        return np.where(hit, r, NEVER)
+
+
+class Oracle:
+    """Longest-prefix oracle over the sources a drafter may use (docs/replay.md section 6).
+
+    Sequences are ``prompt + response`` (a superset of what any drafter indexes, so the bound stays valid). The
+    open step's sources (``siblings``; ``global`` for live drafters) hold what the replayed requests had emitted
+    by the end of the previous round, so the same oracle serves both schedules.
+    """
+
+    def __init__(
+        self, budget: int, sources: tuple[str, ...], window: int | None, live_global: bool, keep_global: bool = True
+    ) -> None:
         bad = set(sources) - set(SOURCES)
         if bad:
             raise ValueError(f"unknown sources {sorted(bad)}; known: {SOURCES}")
@@ -203,48 +298,68 @@ class Oracle:
         self.sources = set(sources)
         self.window = window
         self.live_global = live_global
+        self.keep_global = keep_global
         self.history: dict[str, deque[KeySet]] = {}
-        self.open: dict[str, KeySet] = {}
         self.glob = KeySet(self.kmax)
 
-    def steps(self, rec: TraceRecord, keys: np.ndarray) -> int:
-        """Verify steps the oracle needs for ``rec``; ``keys = kgram_keys(rec.prompt + rec.response, kmax)``."""
+    def step(self, reqs: list[Request]) -> list[int]:
+        """Oracle verify steps of every request of a replayed step (same order), then the step becomes history."""
+        keys = [kgram_keys(r.rec.prompt + r.rec.response, self.kmax) for r in reqs]
+        rounds = [r.visible_rounds(k) for r, k in zip(reqs, keys)]
+        tables = self._open_tables(reqs, keys, rounds)
+        out = [self._steps(i, r, keys[i], tables) for i, r in enumerate(reqs)]
+        self._end_step(reqs, keys)
+        return out
+
+    def _open_tables(self, reqs, keys, rounds) -> list[tuple[OpenRounds, set[int]]]:  # noqa: ANN001
+        """The open step's sources as (table, request indices that may read it)."""
+        out = []
+        if "siblings" in self.sources:
+            by: dict[str, list[int]] = {}
+            for i, r in enumerate(reqs):
+                by.setdefault(r.rec.prompt_id, []).append(i)
+            for idx in by.values():
+                out.append((OpenRounds([keys[i] for i in idx], [rounds[i] for i in idx], idx), set(idx)))
+        if "global" in self.sources and self.live_global:
+            out.append((OpenRounds(keys, rounds, list(range(len(reqs)))), set(range(len(reqs)))))
+        return out
+
+    def _steps(self, i: int, req: Request, keys: np.ndarray, tables) -> int:  # noqa: ANN001
+        """Verify steps the oracle needs for request ``i``, starting in its round."""
+        rec = req.rec
         n = len(rec.response)
-        if n == 0:
-            return 0
-        if self.budget == 0 or not self.sources:
+        if n == 0 or self.budget == 0 or not self.sources:
             return n
-        plen = len(rec.prompt)
-        rkeys = keys[:, plen:]
-        mask = np.zeros(rkeys.shape, dtype=bool)
+        rkeys = keys[:, len(rec.prompt) :]
+        static = np.zeros(rkeys.shape, dtype=bool)
         if "history" in self.sources:
             for ks in self.history.get(rec.prompt_id, ()):
-                mask |= ks.contains(rkeys)
-        if "siblings" in self.sources and rec.prompt_id in self.open:
-            mask |= self.open[rec.prompt_id].contains(rkeys)
+                static |= ks.contains(rkeys)
         if "global" in self.sources:
-            mask |= self.glob.contains(rkeys)
+            static |= self.glob.contains(rkeys)
         if "self" in self.sources:
-            mask |= self_occurs(rec.prompt, rec.response, self.kmax, keys)
-        reach = leading_true(mask).tolist()
-        p = steps = 0
+            static |= self_occurs(rec.prompt, rec.response, self.kmax, keys)
+        first = np.where(static, 0, NEVER)
+        for table, readers in tables:
+            if i in readers:
+                first = np.minimum(first, table.lookup(rkeys, i))
+        # a prefix of length k is available at round t when all its k-grams' rounds are <= t
+        need = np.maximum.accumulate(first, axis=0).T.copy()  # [n, kmax], non-decreasing along each row
+        p, t, steps = 0, req.start_round, 0
         while p < n:
-            p += min(reach[p], self.budget) + 1
+            p += min(int(np.searchsorted(need[p], t, side="right")), self.budget) + 1
+            t += 1
             steps += 1
         return steps
 
-    def finished(self, rec: TraceRecord, keys: np.ndarray) -> None:
-        self.open.setdefault(rec.prompt_id, KeySet(self.kmax)).add_keys(keys)
-        if "global" in self.sources and self.live_global:
-            self.glob.add_keys(keys)
-
-    def end_step(self) -> None:
-        for pid, ks in self.open.items():
-            hist = self.history.setdefault(pid, deque(maxlen=self.window))
-            hist.append(ks)
-            if "global" in self.sources and not self.live_global:
+    def _end_step(self, reqs: list[Request], keys: list[np.ndarray]) -> None:
+        opened: dict[str, KeySet] = {}
+        for r, k in zip(reqs, keys):
+            opened.setdefault(r.rec.prompt_id, KeySet(self.kmax)).add_keys(k)
+        for pid, ks in opened.items():
+            self.history.setdefault(pid, deque(maxlen=self.window)).append(ks)
+            if "global" in self.sources and self.keep_global:
                 self.glob.add_keys_from(ks)
-        self.open = {}
 
 
 def sibling_order(records: list[TraceRecord]) -> list[TraceRecord]:
@@ -286,41 +401,88 @@ def _oracle(drafter: ReplayDrafter, cfg: ReplayConfig) -> Oracle | None:
         return None
     sources = drafter.sources if cfg.oracle_sources is None else tuple(cfg.oracle_sources)
     window = None if cfg.oracle_all_history else drafter.window
-    return Oracle(cfg.budget, sources, window, drafter.live_global)
+    keep = not getattr(drafter, "resets_each_step", False)
+    return Oracle(cfg.budget, sources, window, drafter.live_global, keep_global=keep)
 
 
-def _decode_response(
-    drafter: ReplayDrafter, rid: str, rec: TraceRecord, cap: int, res: ReplayResult, tally: _Tally
-) -> int:
-    """Decode ``rec``'s response as request ``rid``, verify step by verify step (at most ``cap`` draft nodes
-    each); adds drafted and accepted nodes to ``res`` and the step figures to ``tally``; returns the verify steps."""
-    resp = rec.response
-    n = len(resp)
+def admission_order(records: list[TraceRecord], schedule: str) -> list[TraceRecord]:
+    """The order in which a step's requests start: ``sibling_order`` (sequential) or (prompt, sample) (lockstep,
+    prompts in order of first appearance)."""
+    if schedule == "sequential":
+        return sibling_order(records)
+    first: dict[str, int] = {}
+    for r in records:
+        first.setdefault(r.prompt_id, len(first))
+    return sorted(records, key=lambda r: (first[r.prompt_id], r.sample))
+
+
+def _verify(
+    drafter: ReplayDrafter, req: Request, d: Draft, b: int, cap: int, res: ReplayResult, tally: _Tally
+) -> None:
+    """Verify ``d`` (drafted with budget ``b``) against ``req``'s recorded tokens, emit, and count."""
+    resp, p = req.rec.response, req.pos
+    nd = len(d.token_ids)
+    if nd > b:
+        raise RuntimeError(f"drafter {drafter.name!r} returned {nd} nodes for budget {b}")
+    a = accept_length(d, resp, p) if nd else 0
+    e = min(a + 1, len(resp) - p)
+    drafter.extend(req.rid, resp[p : p + e])
+    drafter.observe(req.rid, nd, a)
+    req.ends.append(p + e)
+    res.drafted += nd
+    res.accepted += a
+    tally.accept_hist[a] += 1
+    if tally.costs is not None:
+        tally.cost_sum += tally.costs[min(b, cap) if getattr(drafter, "pads_to_budget", False) else nd]
+
+
+def _decode_step(
+    drafter: ReplayDrafter,
+    st: TraceStep,
+    cfg: ReplayConfig,
+    res: ReplayResult,
+    tally: _Tally,
+    bar=None,  # noqa: ANN001
+) -> list[Request]:
+    """Decode a step's responses in rounds: every running request drafts (from what its sources hold after the
+    previous round), then each is verified and extended; finished requests call ``finish`` and free their slot
+    for the next one in ``admission_order``. Returns the requests in order of finishing."""
+    queue = deque(admission_order(st.records, cfg.schedule))
+    width = cfg.width or max(len(queue), 1)
     clock = time.perf_counter_ns
-    costs, pads = tally.costs, bool(getattr(drafter, "pads_to_budget", False))
-    drafter.start(rid, rec.prompt_id, rec.prompt)
-    p = vsteps = 0
-    while p < n:
-        b = drafter.budget(rid, cap)
-        t0 = clock()
-        d = drafter.draft(rid, b)
-        tally.draft_ns.append(clock() - t0)
-        nd = len(d.token_ids)
-        if nd > b:
-            raise RuntimeError(f"drafter {drafter.name!r} returned {nd} nodes for budget {b}")
-        a = accept_length(d, resp, p) if nd else 0
-        e = min(a + 1, n - p)
-        drafter.extend(rid, resp[p : p + e])
-        drafter.observe(rid, nd, a)
-        p += e
-        vsteps += 1
-        res.drafted += nd
-        res.accepted += a
-        tally.accept_hist[a] += 1
-        if costs is not None:
-            tally.cost_sum += costs[min(b, cap) if pads else nd]
-    drafter.finish(rid, resp)
-    return vsteps
+    running: list[Request] = []
+    done: list[Request] = []
+    rnd = 0
+    while queue or running:
+        while queue and len(running) < width:
+            rec = queue.popleft()
+            req = Request(f"{st.step}:{rec.prompt_id}:{rec.sample}", rec, rnd)
+            drafter.start(req.rid, rec.prompt_id, rec.prompt)
+            (running if rec.response else done).append(req)
+            if not rec.response:
+                drafter.finish(req.rid, rec.response)
+                if bar is not None:
+                    bar.update(1)
+        drafts = []
+        for req in running:
+            b = drafter.budget(req.rid, cfg.budget)
+            t0 = clock()
+            drafts.append((req, b, drafter.draft(req.rid, b)))
+            tally.draft_ns.append(clock() - t0)
+        for req, b, d in drafts:
+            _verify(drafter, req, d, b, cfg.budget, res, tally)
+        still = []
+        for req in running:
+            if req.pos < len(req.rec.response):
+                still.append(req)
+                continue
+            drafter.finish(req.rid, req.rec.response)
+            done.append(req)
+            if bar is not None:
+                bar.update(1)
+        running = still
+        rnd += 1
+    return done
 
 
 def _add_step(res: ReplayResult, ss: StepStats) -> None:
@@ -347,17 +509,17 @@ def _finish(res: ReplayResult, tally: _Tally, drafter: ReplayDrafter) -> None:
 def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig) -> ReplayResult:
     """Replay ``steps`` (sorted by step, e.g. from ``load_steps``) with ``drafter``; docs/replay.md section 3.
 
-    Steps in increasing order; within a step responses are decoded one after the other in the *sibling order*
-    (``sibling_order``); after a step the drafter's ``end_step`` turns its responses into history. Each verify step
-    drafts at most ``budget`` nodes, accepts the longest root path equal to the realized tokens
-    (``accept_length``) and emits it plus the bonus token. Semantics: docs/replay.md section 3; the metrics
-    (``tau``, ``accept_rate``, ``oracle_tau``, ``draft_us_p50/p99``, ``est_speedup``): sections 4-6.
+    Steps in increasing order; within a step the requests decode in rounds (``_decode_step``): all at once or
+    ``cfg.max_running`` at a time in (prompt, sample) order (lockstep), or one at a time in the *sibling order*
+    (``sibling_order``, sequential). Each verify step drafts at most ``budget`` nodes, accepts the longest root path
+    equal to the realized tokens (``accept_length``) and emits it plus the bonus token. After a step the drafter's
+    ``end_step`` turns its responses into history. Metrics (``tau``, ``accept_rate``, ``oracle_tau``,
+    ``draft_us_p50/p99``, ``est_speedup``): docs/replay.md sections 4-6.
     """
     if any(b.step <= a.step for a, b in zip(steps, steps[1:])):
         raise ValueError("steps must be strictly increasing (use trace.load_steps, which sorts)")
     res = ReplayResult(drafter.name, cfg.budget)
     oracle = _oracle(drafter, cfg)
-    kmax = max(cfg.budget, 1)
     costs = [cfg.verify_cost.cost(1 + d, cfg.batch) for d in range(cfg.budget + 1)] if cfg.verify_cost else None
     tally = _Tally([0] * (cfg.budget + 1), costs)
     bar = None
@@ -368,21 +530,11 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
         bar = tqdm(total=total, unit="resp", desc=f"replay {drafter.name}", leave=False, disable=None)
     t_start = time.perf_counter()
     for st in steps:
-        ss = StepStats(st.step)
-        for rec in sibling_order(st.records):
-            rid = f"{st.step}:{rec.prompt_id}:{rec.sample}"
-            ss.verify_steps += _decode_response(drafter, rid, rec, cfg.budget, res, tally)
-            ss.responses += 1
-            ss.tokens += len(rec.response)
-            if oracle is not None:
-                keys = kgram_keys(rec.prompt + rec.response, kmax)
-                ss.oracle_steps += oracle.steps(rec, keys)
-                oracle.finished(rec, keys)
-            if bar is not None:
-                bar.update(1)
+        reqs = _decode_step(drafter, st, cfg, res, tally, bar)
         drafter.end_step(st.step, _groups(st.records))
+        ss = StepStats(st.step, len(reqs), sum(len(r.rec.response) for r in reqs), sum(len(r.ends) for r in reqs))
         if oracle is not None:
-            oracle.end_step()
+            ss.oracle_steps = sum(oracle.step(reqs))
         _add_step(res, ss)
     if bar is not None:
         bar.close()

@@ -10,7 +10,7 @@ from sglang_histospec.cli import main
 
 REPLAY_KEYS = {
     "drafter", "budget", "responses", "tokens", "verify_steps", "tau", "drafted", "accepted", "accept_rate",
-    "oracle_tau", "draft_us_p50", "draft_us_p99", "est_speedup",
+    "oracle_tau", "draft_us_p50", "draft_us_p99", "est_speedup", "schedule", "max_running", "peer_reset",
 }  # fmt: skip
 
 
@@ -44,6 +44,8 @@ def test_synth_and_stats(trace, capsys, tmp_path):
         ["--drafter", "prompt-lookup", "--pl-min", "2", "--pl-max", "3"],
         ["--drafter", "histospec", "--chain", "--window", "2", "--sources", "history,self", "--aimd", "paper"],
         ["--drafter", "rhymerl", "--per-step"],
+        ["--drafter", "histospec", "--schedule", "sequential"],
+        ["--drafter", "histospec", "--max-running", "4"],
     ],
 )
 def test_replay_json(trace, capsys, tmp_path, extra):
@@ -54,6 +56,9 @@ def test_replay_json(trace, capsys, tmp_path, extra):
     assert out["oracle_tau"] >= out["tau"] >= 1.0
     assert out["responses"] == 45 and out["trace_sorted"] is True
     assert ("per_step" in out) == ("--per-step" in extra)
+    schedule = "sequential" if "sequential" in extra else "lockstep"
+    width = 1 if schedule == "sequential" else (4 if "--max-running" in extra else None)
+    assert (out["schedule"], out["max_running"], out["peer_reset"]) == (schedule, width, "never")
 
 
 def test_replay_plot_and_verify_cost(trace, capsys, tmp_path):
@@ -102,3 +107,16 @@ def test_bad_budget_and_synth_config(tmp_path, capsys, trace):
     assert "budget" in capsys.readouterr().err
     assert main(["trace", "synth", str(tmp_path / "x.jsonl"), "--drift", "2"]) == 2
     assert "drift" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--drafter", "histospec", "--peer-reset", "step"], "applies to the peers"),
+        (["--drafter", "none", "--schedule", "sequential", "--max-running", "2"], "needs schedule='lockstep'"),
+        (["--drafter", "none", "--max-running", "0"], "max_running=0"),
+    ],
+)
+def test_replay_refuses_bad_schedule_and_peer_reset(trace, capsys, extra, fragment):
+    assert main(["replay", str(trace), "--budget", "4", "--no-progress", *extra]) == 2
+    assert fragment in capsys.readouterr().err

@@ -113,6 +113,9 @@ def test_peer_refused_with_make_target_when_missing(monkeypatch, name, module):
         if mod == module or mod.startswith(module + "."):
             monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, module, None)  # import of the package fails
+    from sglang_histospec.replay.drafters import sglang_ngram
+
+    monkeypatch.setattr(sglang_ngram, "_LOADED", [])  # as before any import
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.split(".")[0] == module else _spec(n))
     with pytest.raises(PeerUnavailable, match="make install-peers"):
         build_drafter(name, 4)
@@ -169,15 +172,21 @@ _CONFIGS = [
 
 
 @settings(max_examples=40, deadline=None)
-@given(records=st.lists(_record, min_size=1, max_size=10), config=st.sampled_from(_CONFIGS), budget=st.integers(1, 5))
-def test_oracle_bounds_drafters_on_random_traces(records, config, budget):
+@given(
+    records=st.lists(_record, min_size=1, max_size=10),
+    config=st.sampled_from(_CONFIGS),
+    budget=st.integers(1, 5),
+    schedule=st.sampled_from([("sequential", None), ("lockstep", None), ("lockstep", 2)]),
+)
+def test_oracle_bounds_drafters_on_random_traces(records, config, budget, schedule):
     recs, count = [], {}
     for step, pid, resp in records:
         sample = count.get((step, pid), 0)
         count[(step, pid)] = sample + 1
         recs.append(TraceRecord(step, pid, sample, [1, 2] if pid == "a" else [3], resp))
     name, opts = config
-    res = replay(steps_of(recs), build_drafter(name, budget, **opts), ReplayConfig(budget=budget))
+    cfg = ReplayConfig(budget=budget, schedule=schedule[0], max_running=schedule[1])
+    res = replay(steps_of(recs), build_drafter(name, budget, **opts), cfg)
     assert res.tokens == sum(len(r.response) for r in recs)
     for s in res.per_step:
         assert s.oracle_steps <= s.verify_steps <= s.tokens

@@ -172,7 +172,7 @@ def test_sibling_order_and_siblings_source():
 
     # order: sample 1 ([1,2]: nothing finished -> 2 steps), sample 2 ([7,8]: 2 steps), sample 0 ([1,2,3,4], N=4:
     # [1,2] from sample 1 -> p=3 -> [4] nowhere -> 2 steps)
-    res = replay([TraceStep(0, recs)], Sib(), ReplayConfig(budget=4))
+    res = replay([TraceStep(0, recs)], Sib(), ReplayConfig(budget=4, schedule="sequential"))
     assert res.oracle_steps == 6
 
 

@@ -33,6 +33,11 @@ def require(drafter: str, package: str, exc: BaseException) -> PeerUnavailable:
 
 
 DRAFTERS = ("histospec", "rhymerl", "prompt-lookup", "none", "sglang-ngram", "suffix")
+PEERS = ("sglang-ngram", "suffix")
+"""Drafters with a cache shared by every request of a server (the ones ``peer_reset`` applies to)."""
+PEER_RESETS = ("never", "step")
+"""When a peer's cache is emptied: never (the same corpus as ours) or at every step boundary (as SGLang's flush on
+weight update and sleep/wake empties NGRAM's trie in colocated RL)."""
 
 # DrafterConfig fields exposed as flags (name -> argparse type); "tree" and "use_frequency" are switches.
 _HS_FIELDS = {
@@ -53,6 +58,14 @@ _HS_FIELDS = {
 def build_drafter(name: str, budget: int, **opts) -> ReplayDrafter:
     """A fresh drafter; ``opts`` are the CLI option names (``None`` values mean "the component's default")."""
     opts = {k: v for k, v in opts.items() if v is not None}
+    reset = opts.pop("peer_reset", "never")
+    if reset not in PEER_RESETS:
+        raise ValueError(f"peer_reset={reset!r}: expected one of {PEER_RESETS}")
+    if reset != "never" and name not in PEERS:
+        raise ValueError(
+            f"peer_reset={reset!r} applies to the peers ({', '.join(PEERS)}), not to {name!r}: its history across "
+            "steps is what it is measured on; drop --peer-reset"
+        )
     if name == "none":
         return NoneDrafter()
     if name == "prompt-lookup":
@@ -81,12 +94,12 @@ def build_drafter(name: str, budget: int, **opts) -> ReplayDrafter:
         from sglang_histospec.replay.drafters.sglang_ngram import NgramConfig, SGLangNgramDrafter
 
         kw = {f.name: opts[f"ngram_{f.name}"] for f in fields(NgramConfig) if f"ngram_{f.name}" in opts}
-        return SGLangNgramDrafter(budget, NgramConfig(**kw))
+        return SGLangNgramDrafter(budget, NgramConfig(**kw), reset=reset)
     if name == "suffix":
         from sglang_histospec.replay.drafters.suffix import SuffixConfig, SuffixDrafter
 
         kw = {f.name: opts[f"suffix_{f.name}"] for f in fields(SuffixConfig) if f"suffix_{f.name}" in opts}
-        return SuffixDrafter(SuffixConfig(**kw))
+        return SuffixDrafter(SuffixConfig(**kw), reset=reset)
     raise ValueError(f"unknown drafter {name!r}; known: {', '.join(DRAFTERS)}")
 
 
@@ -111,6 +124,11 @@ def add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("prompt-lookup (vLLM ngram proposer)")
     g.add_argument("--pl-min", type=int, default=None, help="prompt_lookup_min (default 5)")
     g.add_argument("--pl-max", type=int, default=None, help="prompt_lookup_max (default = --pl-min)")
+    g = parser.add_argument_group("peers (sglang-ngram, suffix)")
+    g.add_argument(
+        "--peer-reset", choices=PEER_RESETS, default=None,
+        help="empty the peer's cache at every step boundary ('step': NGRAM as deployed in colocated RL) or never",
+    )  # fmt: skip
     g = parser.add_argument_group("sglang-ngram (SGLang --speculative-ngram-* defaults)")
     g.add_argument("--ngram-max-trie-depth", type=int, default=None, help="default 18")
     g.add_argument("--ngram-min-bfs-breadth", type=int, default=None, help="default 1")
@@ -128,6 +146,6 @@ def add_drafter_arguments(parser: argparse.ArgumentParser) -> None:
 
 def drafter_options(args: argparse.Namespace) -> dict:
     """The drafter options of parsed arguments, for ``build_drafter``."""
-    keys = list(_HS_FIELDS) + ["tree", "use_frequency", "sources", "aimd", "pl_min", "pl_max"]
+    keys = list(_HS_FIELDS) + ["tree", "use_frequency", "sources", "aimd", "pl_min", "pl_max", "peer_reset"]
     keys += [k for k in vars(args) if k.startswith(("ngram_", "suffix_"))]
     return {k: getattr(args, k, None) for k in keys}

@@ -39,6 +39,11 @@ class NgramConfig:
     """Trie capacity in nodes."""
 
 
+_LOADED: list = []
+"""The imported ``NgramCorpus`` class: its C++ type registers once per process, so it is never imported twice (even
+when a caller drops the ``sglang`` modules from ``sys.modules``)."""
+
+
 def _light_import():
     """Import ``NgramCorpus`` without running ``sglang/__init__.py``.
 
@@ -47,6 +52,8 @@ def _light_import():
     ``sglang.srt.utils.common``; everything that then runs is SGLang's own code (the C++ is JIT-compiled on first
     use, then cached: docs/replay.md section 7).
     """
+    if _LOADED:
+        return _LOADED[0]
     if "sglang.srt.speculative.cpp_ngram.ngram_corpus" in sys.modules:
         return sys.modules["sglang.srt.speculative.cpp_ngram.ngram_corpus"].NgramCorpus
     spec = importlib.util.find_spec("sglang")
@@ -63,6 +70,7 @@ def _light_import():
         sys.modules["sglang.srt.utils.common"] = common
     from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
 
+    _LOADED.append(NgramCorpus)
     return NgramCorpus
 
 
@@ -91,7 +99,8 @@ class SGLangNgramDrafter(BaseDrafter):
     Per verify step of a request: ``synchronize()`` (waits for the previous insert), ``batch_get([req_id],
     [window], [total_len])`` with ``window`` = the last ``max_trie_depth`` tokens of prompt + output, then, after
     verification, ``batch_put([window])`` with the same window; ``erase_match_state([req_id])`` when it ends.
-    Prompts are never inserted whole. The corpus is global (all prompts, all steps). The result always has
+    Prompts are never inserted whole. The corpus is global (all prompts, all steps; with ``reset="step"`` only the
+    open step: ``reset()`` at every step boundary, what ``clear_cache_pool`` does on a weight update). The result always has
     ``draft_token_num = budget + 1`` nodes (node 0 = the last context token); trailing padding nodes (token 0
     under the root) are dropped from the draft, but the engine verifies them, so ``pads_to_budget`` is set and
     est_speedup charges the full width. Defaults are the server's (``NgramConfig``; its size and ``capacity``:
@@ -103,7 +112,7 @@ class SGLangNgramDrafter(BaseDrafter):
     live_global = True
     pads_to_budget = True
 
-    def __init__(self, budget: int, cfg: NgramConfig | None = None) -> None:
+    def __init__(self, budget: int, cfg: NgramConfig | None = None, reset: str = "never") -> None:
         if budget < 1:
             raise ValueError(f"sglang-ngram needs a budget >= 1 (draft_token_num = budget + 1), got {budget}")
         self.cfg = cfg or NgramConfig()
@@ -123,6 +132,7 @@ class SGLangNgramDrafter(BaseDrafter):
         )
         self._ctx: dict[str, list[int]] = {}
         self._window: dict[str, list[int]] = {}
+        self.resets_each_step = reset == "step"
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
         self._ctx[req_id] = list(prompt)
@@ -148,3 +158,8 @@ class SGLangNgramDrafter(BaseDrafter):
         self.corpus.erase_match_state([req_id])
         self._ctx.pop(req_id, None)
         self._window.pop(req_id, None)
+
+    def end_step(self, step: int, groups: list[tuple[str, list[int], list[list[int]], list[float] | None]]) -> None:
+        if self.resets_each_step:
+            self.corpus.synchronize()
+            self.corpus.reset()

@@ -75,7 +75,8 @@ class SuffixDrafter(BaseDrafter):
     then per verify step ``speculate(req_id, last max_tree_depth context tokens, max_spec_tokens=budget,
     max_spec_factor, max_spec_offset, min_token_prob, use_tree_spec)`` and ``add_active_response(req_id, emitted
     tokens)`` (which also grows the global tree, live); ``stop_request`` at the end (the response stays in the
-    global tree, FIFO-evicted past ``max_cached_requests``). Defaults are vLLM's: depth 24, 10000 cached requests,
+    global tree, FIFO-evicted past ``max_cached_requests``; with ``reset="step"`` a fresh cache at every step
+    boundary, so only the open step's responses are in it). Defaults are vLLM's: depth 24, 10000 cached requests,
     spec factor 1.0, offset 0, min token probability 0.1, path (not tree) drafts.
     """
 
@@ -83,13 +84,16 @@ class SuffixDrafter(BaseDrafter):
     sources = ("self", "global")
     live_global = True
 
-    def __init__(self, cfg: SuffixConfig | None = None) -> None:
+    def __init__(self, cfg: SuffixConfig | None = None, reset: str = "never") -> None:
         self.cfg = cfg or SuffixConfig()
-        cache_cls = _load()
-        self.cache = cache_cls(
-            max_tree_depth=self.cfg.max_tree_depth, max_cached_requests=self.cfg.max_cached_requests
-        )
+        self._cache_cls = _load()
+        self.cache = self._new_cache()
         self._ctx: dict[str, list[int]] = {}
+        self.resets_each_step = reset == "step"
+
+    def _new_cache(self):  # noqa: ANN202
+        c = self.cfg
+        return self._cache_cls(max_tree_depth=c.max_tree_depth, max_cached_requests=c.max_cached_requests)
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
         self.cache.start_request(req_id, list(prompt))
@@ -120,3 +124,7 @@ class SuffixDrafter(BaseDrafter):
     def finish(self, req_id: str, response: list[int]) -> None:
         self.cache.stop_request(req_id)
         self._ctx.pop(req_id, None)
+
+    def end_step(self, step: int, groups: list[tuple[str, list[int], list[list[int]], list[float] | None]]) -> None:
+        if self.resets_each_step:
+            self.cache = self._new_cache()
