@@ -25,6 +25,9 @@ from pathlib import Path
 from sglang_histospec.demo.chat_tasks import ChatFamily, make_family
 from sglang_histospec.demo.rollouts import epoch_requests
 
+PROMPT_ROOM = 512
+"""Context tokens the recording engine keeps for a prompt beside ``max_new_tokens`` (at least 1024 in all)."""
+
 
 @dataclass(frozen=True)
 class RecordConfig:
@@ -216,6 +219,41 @@ def rollout_epoch(engine, family: ChatFamily, prompt_ids: dict[str, list[int]], 
     return records, {**delta, "nll": nll}
 
 
+WARMUP_CHECKPOINT = "warmup.pt"
+"""The trained layers after the warm-up, in the work directory: a resumed run that finished no epoch skips it."""
+
+
+def _check_room(prompt_ids: dict[str, list[int]], cfg: RecordConfig, max_context_len: int) -> None:
+    """Refuse, before any training, a prompt set whose longest prompt + ``max_new_tokens`` overflows the context."""
+    longest = max(len(ids) for ids in prompt_ids.values())
+    if longest + cfg.max_new_tokens > max_context_len:
+        raise ValueError(
+            f"the longest prompt ({longest} tokens) + max_new_tokens={cfg.max_new_tokens} exceeds the engine's "
+            f"max_context_len {max_context_len}; lower max_new_tokens"
+        )
+
+
+def _save_params(path: Path, model, params) -> None:
+    import torch
+
+    names = {id(p): n for n, p in model.named_parameters()}
+    torch.save({"params": {names[id(p)]: p.detach().clone() for p in params}}, path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def _load_params(path: Path, model) -> bool:
+    """Copy the parameters saved at ``path`` into ``model``; False when there is no such file."""
+    import torch
+
+    if not path.is_file():
+        return False
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in torch.load(path, weights_only=True)["params"].items():
+            named[name].copy_(tensor)
+    return True
+
+
 def _checkpoint(work: Path, epoch: int) -> Path:
     return work / f"epoch-{epoch:03d}.pt"
 
@@ -248,12 +286,8 @@ def _resume(work: Path, engine, optimizer, params, model) -> list[RecordEpoch]:
         engine.drafter.end_step(e)
         done.append(RecordEpoch(**json.loads((work / f"epoch-{e:03d}.json").read_text())))
     if done:
-        ckpt = torch.load(_checkpoint(work, len(done) - 1), weights_only=True)
-        named = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in ckpt["params"].items():
-                named[name].copy_(tensor)
-        optimizer.load_state_dict(ckpt["optimizer"])
+        _load_params(_checkpoint(work, len(done) - 1), model)
+        optimizer.load_state_dict(torch.load(_checkpoint(work, len(done) - 1), weights_only=True)["optimizer"])
     return done
 
 
@@ -267,7 +301,7 @@ def _engine(model_dir: str, cfg: RecordConfig):
             device="cpu",
             speculative_algorithm=cfg.speculative_algorithm,
             max_running_requests=cfg.max_running_requests,
-            max_context_len=1024,
+            max_context_len=max(1024, cfg.max_new_tokens + PROMPT_ROOM),
             seed=cfg.seed,
         )
     )
@@ -297,11 +331,14 @@ def record_trace(model_dir: str | os.PathLike, cfg: RecordConfig, out: str | os.
     engine = _engine(str(model_dir), cfg)
     model, tok = engine.model, engine.tokenizer
     prompt_ids = {p.prompt_id: chat_ids(tok, p.text) for p in family.prompts}
+    _check_room(prompt_ids, cfg, engine.max_context_len)
     params = trainable_params(model, cfg.train_layers)
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate)
     done = _resume(work, engine, opt, params, model)
-    if not done and cfg.warmup_examples and cfg.warmup_epochs:
+    warm = not done and cfg.warmup_examples and cfg.warmup_epochs
+    if warm and not _load_params(work / WARMUP_CHECKPOINT, model):
         warmup(model, tok, family, cfg, progress)  # trains the same parameters, with its own optimizer
+        _save_params(work / WARMUP_CHECKPOINT, model, params)
     engine.weights_changed()  # the engine samples from packed copies of the weights: rebuild them
     for epoch in range(len(done), cfg.epochs):
         t0 = time.perf_counter()
@@ -345,10 +382,7 @@ def export_policy(model_dir: str | os.PathLike, work_dir: str | os.PathLike, out
     if not epochs:
         raise ValueError(f"{work} holds no finished epoch")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in torch.load(epochs[-1], weights_only=True)["params"].items():
-            named[name].copy_(tensor)
+    _load_params(epochs[-1], model)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
     return str(out)

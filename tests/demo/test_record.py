@@ -69,3 +69,30 @@ def test_record_writes_every_response_and_a_resumed_run_equals_a_straight_one(mo
     with pytest.raises(ValueError, match="other settings"):
         record_trace(model_dir, RecordConfig(epochs=3, **{**SMALL, "group_size": 3}), tmp_path / "c.jsonl.gz",
                      tmp_path / "wb", progress=False)  # fmt: skip
+
+
+def test_a_run_stopped_after_the_warm_up_resumes_without_warming_up_again(model_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from sglang_histospec.demo import record
+
+    first = record_trace(model_dir, RecordConfig(epochs=1, **SMALL), tmp_path / "a.jsonl.gz", tmp_path / "wa",
+                         progress=False)  # fmt: skip
+    (tmp_path / "wb").mkdir()
+    shutil.copy(tmp_path / "wa" / record.WARMUP_CHECKPOINT, tmp_path / "wb" / record.WARMUP_CHECKPOINT)
+    monkeypatch.setattr(record, "warmup", lambda *a, **k: pytest.fail("the warm-up ran again"))
+    again = record_trace(model_dir, RecordConfig(epochs=1, **SMALL), tmp_path / "b.jsonl.gz", tmp_path / "wb",
+                         progress=False)  # fmt: skip
+    a, b = list(read_trace(tmp_path / "a.jsonl.gz")), list(read_trace(tmp_path / "b.jsonl.gz"))
+    assert [r.response for r in a] == [r.response for r in b]
+    assert [e.mean_reward for e in first] == [e.mean_reward for e in again]
+
+
+def test_a_prompt_set_that_overflows_the_context_is_refused_before_training(model_dir, tmp_path, monkeypatch):
+    from sglang_histospec.demo import record
+
+    monkeypatch.setattr(record, "PROMPT_ROOM", 1)  # a context of max_new_tokens + 1: no prompt fits
+    with pytest.raises(ValueError, match="max_new_tokens=1100"):
+        record_trace(model_dir, RecordConfig(epochs=1, **{**SMALL, "max_new_tokens": 1100}),
+                     tmp_path / "a.jsonl.gz", tmp_path / "wa", progress=False)  # fmt: skip
+    assert not (tmp_path / "wa" / "warmup.pt").exists()
