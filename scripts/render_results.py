@@ -608,7 +608,7 @@ RUNS = (
     *(
         Run(
             f"replay_{t}_histospec",
-            f"python scripts/replay_matrix.py docs/data/{t}.jsonl.gz --drafters histospec --cache {{out}}",
+            f"python scripts/replay_matrix.py docs/data/{t}.jsonl.gz --drafters histospec --schedule sequential --cache {{out}}",
             2,
             "jsonl",
         )
