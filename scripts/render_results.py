@@ -37,7 +37,8 @@ LOCKSTEP = re.compile(r"^replay_(?P<trace>.+)_(?P<schedule>sequential|lockstep)\
 SMOLLM2_TRACES = ("smollm2-arith", "smollm2-units", "smollm2-arith-light", "smollm2-units-light")
 HELD_OUT = {"smollm2-units", "smollm2-units-light"}
 PEERS = ("sglang-ngram", "suffix", "rhymerl")
-DRAFT_TARGET = 1.3  # issue 12: tau >= 1.3x the best peer at N = 8 and 16
+DRAFT_TARGET = 1.3  # tau >= 1.3x the best same-corpus peer at N = 8 and 16
+DEPLOYED_TARGET = 1.5  # tau >= 1.5x NGRAM as deployed (its trie emptied at every step)
 ENGINE_FLOOR = 0.97  # issue 13: never below 0.97x of plain in any epoch
 ENGINE_TARGET = 1.5  # issue 13: >= 1.5x at batch 1 and 4 after two epochs of history
 GENERATE_TARGET = 1.3  # issue 13: plain engine >= 1.3x transformers generate
@@ -499,13 +500,36 @@ def _tau_ratio(cells: dict, n: int) -> float:
     return cells[("histospec", n)]["tau"] / best_peer(cells, n)[1]
 
 
+def lockstep_ratios(trace: str) -> str | None:
+    """``1.20x / 1.25x; 2.09x / 2.46x``: HistoSpec's tau over the best same-corpus peer, then over NGRAM as
+    deployed, at N = 8 / 16 in lockstep; None without the trace's lockstep file."""
+    path = RESULTS / f"replay_{trace}_lockstep.jsonl"
+    if not path.is_file():
+        return None
+    cells, _ = lockstep_cells([path])
+    peers = ("NGRAM same corpus", "suffix", "rhymerl")
+    best = [cells[("lockstep", n)]["histospec"] / max(cells[("lockstep", n)][c] for c in peers) for n in (8, 16)]
+    deployed = [cells[("lockstep", n)]["histospec"] / cells[("lockstep", n)]["NGRAM as deployed"] for n in (8, 16)]
+    return (
+        " / ".join(ratio(x, DRAFT_TARGET) for x in best)
+        + "; "
+        + " / ".join(ratio(x, DEPLOYED_TARGET) for x in deployed)
+    )
+
+
 def readme_drafting_rows() -> list[list[str]]:
     rows = []
-    traces = [(f"`{t}` replay" + (", held out" if t in HELD_OUT else ""), smollm2_tau(t)) for t in SMOLLM2_TRACES]
+    for t in SMOLLM2_TRACES:
+        measured = lockstep_ratios(t)
+        if measured is not None:
+            workload = f"`{t}` lockstep replay" + (", held out" if t in HELD_OUT else "")
+            rows.append(["tau vs best peer; vs NGRAM as deployed, N = 8 / 16", workload, measured, "1.3x; 1.5x",
+                         "lockstep-replay"])  # fmt: skip
     toy = {(r["drafter"], r["budget"]): r for r in find("replay_demo-grpo-trace_drafters").rows()}
-    for workload, cells in [*traces, ("toy demo trace replay", toy)]:
-        measured = " / ".join(ratio(_tau_ratio(cells, n), DRAFT_TARGET) for n in (8, 16))
-        rows.append(["tau vs best peer, N = 8 / 16", workload, measured, "1.3x", "drafting-quality"])
+    measured = " / ".join(ratio(_tau_ratio(toy, n), DRAFT_TARGET) for n in (8, 16))
+    rows.append(
+        ["tau vs best peer, N = 8 / 16", "toy demo trace sequential replay", measured, "1.3x", "drafting-quality"]
+    )
     idx = find("bench_index").rows()
     p50, p99 = (statistics.median(r[k] for r in idx) for k in ("draft_us_p50", "draft_us_p99"))
     target = (
