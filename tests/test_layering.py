@@ -25,17 +25,6 @@ RANK = {
 }
 """The layers of docs/architecture.md; a package may import only packages of lower rank (and itself)."""
 
-COMPAT = {"core", "peers", "_moved"}
-"""The deprecated import paths (``sglang_histospec/_moved.py``) and the place of the compiled index."""
-
-ALLOWED = {
-    ("drafting", "core._native"),  # the compiled index is still built in core/ (setup.py)
-    ("core", "_moved"),  # the deprecated paths of one release
-    ("peers", "_moved"),
-    ("peers", "replay"),
-    ("__init__", "_moved"),
-}
-
 
 def _layer(module: str) -> str | None:
     parts = module.split(".")
@@ -64,11 +53,8 @@ def _violations(root: Path = ROOT) -> list[str]:
         src = _layer(".".join(rel.with_suffix("").parts))
         for lineno, module in _imports(path):
             dst = _layer(module)
-            if dst is None or dst == src or dst not in RANK.keys() | COMPAT:
+            if dst is None or dst == src or dst not in RANK:
                 continue  # not ours, the same package, or a name of the top package (``__version__``)
-            target = module.removeprefix("sglang_histospec.")
-            if any(src == s and (target == t or target.startswith(t + ".")) for s, t in ALLOWED):
-                continue
             if src not in RANK or dst not in RANK or RANK[dst] >= RANK[src]:
                 bad.append(f"{rel}:{lineno}: {src} imports {module} ({dst})")
     return bad
@@ -77,7 +63,7 @@ def _violations(root: Path = ROOT) -> list[str]:
 def test_every_package_has_a_layer():
     packages = {p.name for p in (ROOT / "sglang_histospec").iterdir() if (p / "__init__.py").exists()}
     modules = {p.stem for p in (ROOT / "sglang_histospec").glob("*.py") if p.stem != "__init__"}
-    assert packages | modules <= set(RANK) | COMPAT, "add the new package to RANK and the doc"
+    assert packages | modules <= set(RANK), "add the new package to RANK and the doc"
 
 
 def test_imports_point_down():

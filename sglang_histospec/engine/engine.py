@@ -48,14 +48,15 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class Engine:
     """Batched generation for one Hugging Face causal LM (Llama, Qwen2, Qwen3) with HistoSpec drafting.
 
-    Attributes: ``config`` (EngineConfig), ``drafter`` (core HistoSpecDrafter; history survives weight updates and
-    cache flushes), ``budgets`` (core BudgetController), ``tokenizer`` (the model directory's tokenizer, or None),
-    ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device), ``model_path`` (the current
-    weights' directory), ``weight_version`` (str | None), ``model`` (the HF model holding the weights);
-    ``step_cost``, ``calibration`` and ``governor`` are the draft selector's models (``engine/selector.py``).
+    Attributes: ``config`` (EngineConfig), ``drafter`` (``drafting.HistoSpecDrafter``; history survives weight
+    updates and cache flushes), ``budgets`` (``drafting.BudgetController``), ``tokenizer`` (the model directory's
+    tokenizer, or None), ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device),
+    ``model_path`` (the current weights' directory), ``weight_version`` (str | None), ``model`` (the HF model
+    holding the weights); ``step_cost``, ``calibration`` and ``governor`` are the draft selector's models
+    (``engine/selector.py``).
 
-    ``drafter`` / ``budgets`` may be passed in (any objects with the core API: ``start, extend, draft_batch,
-    finish, abort`` and ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
+    ``drafter`` / ``budgets`` may be passed in (any objects with the ``drafting`` API: ``start, extend,
+    draft_batch, finish, abort`` and ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
 
     Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it from ONE thread: that thread
     calls ``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the
@@ -343,8 +344,8 @@ class Engine:
 
     @staticmethod
     def _drafting_parts(config: EngineConfig, drafter, budgets) -> tuple:
-        """The drafter and budget controller passed in, else the core ones (with the cost cut, a fixed budget of
-        ``num_draft_tokens``: the cut sizes the trees)."""
+        """The drafter and budget controller passed in, else the ``drafting`` ones (with the cost cut, a fixed budget
+        of ``num_draft_tokens``: the cut sizes the trees)."""
         if drafter is None or budgets is None:
             from sglang_histospec.drafting import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
 

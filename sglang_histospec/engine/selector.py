@@ -101,8 +101,8 @@ class DraftSelector:
     """Owns the drafting decisions of the engine and the models they learn: ``step_cost`` (StepCostModel),
     ``calibration`` (the drafter's DraftCalibration when it has one) and ``governor`` (SpecGovernor, with the cut).
 
-    ``drafter`` and ``budgets`` are the engine's (core HistoSpecDrafter / BudgetController API); ``stats`` is the
-    engine's counter (``draft_pauses``, ``paused_steps``).
+    ``drafter`` and ``budgets`` are the engine's (``drafting``'s HistoSpecDrafter / BudgetController API); ``stats``
+    is the engine's counter (``draft_pauses``, ``paused_steps``).
 
     Each step ``select`` asks the budget controller for every running request's budget (capped by
     ``num_draft_tokens``, the tokens left and the context room; all 0 while paused, when the governor measures plain

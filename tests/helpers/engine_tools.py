@@ -1,4 +1,4 @@
-"""Test instruments for the engine: a scripted drafter and fixed budgets (they implement the core drafter and
+"""Test instruments for the engine: a scripted drafter and fixed budgets (they implement the drafting drafter and
 budget API, so the verifier can be fed drafts that are deliberately right or deliberately wrong).
 
 Example: ``ScriptedDrafter({"p0": [5, 6, 7]}, branch=2)`` drafts, for a request of prompt "p0" that has generated
