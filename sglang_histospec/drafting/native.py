@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sglang_histospec.drafting import _native
+import sglang_histospec.drafting._native as _native
 from sglang_histospec.drafting.reference import DraftTuple
 from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sglang_histospec.drafting import _native, anchors
+import sglang_histospec.drafting._native as _native
+from sglang_histospec.drafting import anchors
 from sglang_histospec.drafting.native import NativeBackend
 from sglang_histospec.drafting.types import SOURCES
 
