@@ -19,6 +19,13 @@ from typing import Protocol
 from sglang_histospec.drafting.calibration import DraftCalibration
 from sglang_histospec.drafting.types import Draft
 
+Group = list[list[int]]
+"""A prompt's responses of one step, one token list per sample."""
+Rewards = list[float] | None
+"""One reward per response, or None."""
+PromptTokens = list[int] | None
+"""The prompt's token ids, or None."""
+
 
 class Drafter(Protocol):
     """The drafter contract (the module docstring has the request life and an example)."""
@@ -38,12 +45,7 @@ class Drafter(Protocol):
     def finish(self, req_id: str, response: list[int]) -> None: ...
     def abort(self, req_id: str) -> None: ...
     def add(
-        self,
-        prompt_id: str,
-        step: int,
-        responses: list[list[int]],
-        rewards: list[float] | None = None,
-        prompt_tokens: list[int] | None = None,
+        self, prompt_id: str, step: int, responses: Group, rewards: Rewards = None, prompt_tokens: PromptTokens = None
     ) -> int:
         """Push a step's group of responses for a prompt; returns how many were stored."""
         ...
