@@ -68,7 +68,7 @@ format: install
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf build *.egg-info sglang_histospec/core/_native*.so
+	rm -rf build *.egg-info sglang_histospec/*/_native*.so
 
 # Peer drafters for `histospec replay --drafter sglang-ngram|suffix` (docs/replay.md): SGLang 0.5.23's NGRAM corpus
 # (installed without its dependencies: its C++ is JIT-compiled on first use) and ArcticInference's SuffixDecoding

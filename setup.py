@@ -1,4 +1,4 @@
-"""Build the native history index (C++17, pybind11) as ``sglang_histospec.core._native``.
+"""Build the native history index (C++17, pybind11) as ``sglang_histospec.drafting._native``.
 
 Everything else is declared in pyproject.toml. The extension is built with the machine's compiler; there is
 no network access and no GPU at build time.
@@ -9,7 +9,7 @@ from setuptools import setup
 
 ext_modules = [
     Pybind11Extension(
-        "sglang_histospec.core._native",
+        "sglang_histospec.drafting._native",
         sorted(["csrc/anchors.cc", "csrc/bindings.cc", "csrc/drafter.cc", "csrc/index.cc", "csrc/sais.cc"]),
         cxx_std=17,
         # -ffp-contract=off: no fused multiply-adds, so that doubles round as in the Python references

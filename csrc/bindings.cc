@@ -1,4 +1,4 @@
-// Python bindings of the native history index (module sglang_histospec.core._native).
+// Python bindings of the native history index (module sglang_histospec.drafting._native).
 //
 // Token inputs come in two forms with distinct names, so no overload resolution runs per call: `*_array`
 // methods take 1-D C-contiguous int32 numpy arrays without copying, the plain ones take lists of ints.

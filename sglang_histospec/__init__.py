@@ -6,8 +6,4 @@ Layers (imports point down only; docs/architecture.md, checked by tests/test_lay
 ``trl_integration`` <- ``demo`` <- ``commands`` <- ``cli``.
 """
 
-from sglang_histospec import _moved
-
 __version__ = "0.1.0"
-
-_moved.install()

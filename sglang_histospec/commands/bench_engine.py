@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cost-limit",
         type=float,
         default=None,
-        help="per-request verify-cost cap in plain decode steps (default: the core default); 0 = no cap",
+        help="per-request verify-cost cap in plain decode steps (default: the drafting default); 0 = no cap",
     )
     parser.add_argument(
         "--task",

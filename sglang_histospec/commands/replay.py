@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sglang_histospec.drafting.verify_cost import VerifyCostTable
-    from sglang_histospec.replay.drafters.registry import PeerUnavailable, build_drafter, drafter_options
+    from sglang_histospec.replay.drafters.peers import PeerUnavailable
+    from sglang_histospec.replay.drafters.registry import build_drafter, drafter_options
     from sglang_histospec.replay.simulator import ReplayConfig, replay
     from sglang_histospec.trace.format import TraceError, load_steps
 

@@ -8,6 +8,7 @@ from sglang_histospec.drafting.draft_cut import StepCostModel, best_cut
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.pack import PackedDraft, pack_draft
 from sglang_histospec.drafting.prompt_ids import prompt_id_for, token_prompt_id
+from sglang_histospec.drafting.protocol import Drafter
 from sglang_histospec.drafting.types import ROOT, AcceptanceRates, Draft
 from sglang_histospec.drafting.verify_cost import VerifyCostTable
 
@@ -19,6 +20,7 @@ __all__ = [
     "CalibrationConfig",
     "Draft",
     "DraftCalibration",
+    "Drafter",
     "DrafterConfig",
     "HistoSpecDrafter",
     "PackedDraft",

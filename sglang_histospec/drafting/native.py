@@ -18,12 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from sglang_histospec.core import _native
+import sglang_histospec.drafting._native as _native
 from sglang_histospec.drafting.reference import DraftTuple
 from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
 
 if getattr(_native, "ABI_VERSION", 0) < 2:  # a stale build of the skeleton: rebuild with `make install`
-    raise ImportError(f"sglang_histospec.core._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)})")
+    raise ImportError(
+        f"sglang_histospec.drafting._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)})"
+    )
 
 
 def _as_i32(seq) -> np.ndarray:  # [n] int32, C-contiguous (no copy when it already is)

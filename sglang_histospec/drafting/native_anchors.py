@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from sglang_histospec.core import _native
+import sglang_histospec.drafting._native as _native
 from sglang_histospec.drafting import anchors
 from sglang_histospec.drafting.native import NativeBackend
 from sglang_histospec.drafting.types import SOURCES
 
 if getattr(_native, "ABI_VERSION", 0) < 3:  # built before the anchor scorer: rebuild with `make install`
-    raise ImportError(f"sglang_histospec.core._native has no AnchorDrafter (ABI_VERSION={_native.ABI_VERSION})")
+    raise ImportError(f"sglang_histospec.drafting._native has no AnchorDrafter (ABI_VERSION={_native.ABI_VERSION})")
 _stale = {k: v for k, v in _native.ANCHOR_CONSTANTS.items() if getattr(anchors, k) != v}
 if _stale:  # csrc/anchors.h no longer mirrors anchors.py: rebuild, or update its constants
     raise ImportError(f"the native anchor scorer was built with other constants than anchors.py: {_stale}")

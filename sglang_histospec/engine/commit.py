@@ -20,6 +20,7 @@ import collections
 import numpy as np
 import torch
 
+from sglang_histospec.drafting.protocol import Drafter
 from sglang_histospec.engine.request import RequestState
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 from sglang_histospec.engine.types import GenerateResult
@@ -42,20 +43,15 @@ def emit(st: RequestState, walk: WalkResult, logprobs: list[float] | None) -> in
     return len(walk.tokens)
 
 
-def tell_drafter(drafter, states: list[RequestState]) -> None:
-    """Tell the drafter the output tokens of ``states`` it has not heard yet (``extend_batch``, else ``extend``)."""
+def tell_drafter(drafter: Drafter, states: list[RequestState]) -> None:
+    """Tell the drafter the output tokens of ``states`` it has not heard yet (one ``extend_batch``)."""
     late = [st for st in states if len(st.output) > st.told]
     if not late:
         return
     rids, tokens = [st.req.rid for st in late], [st.output[st.told :] for st in late]
     for st in late:
         st.told = len(st.output)
-    extend_batch = getattr(drafter, "extend_batch", None)
-    if extend_batch is not None:
-        extend_batch(rids, tokens)
-    else:
-        for rid, toks in zip(rids, tokens):
-            drafter.extend(rid, toks)
+    drafter.extend_batch(rids, tokens)
 
 
 def compaction_moves(root_at: int, accepted_nodes: list[int]) -> list[tuple[int, int]]:
@@ -74,7 +70,7 @@ class Commit:
 
     def __init__(
         self,
-        drafter,
+        drafter: Drafter,
         budgets,
         cache,
         device: torch.device,

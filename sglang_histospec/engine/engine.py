@@ -20,6 +20,7 @@ import time
 import numpy as np
 import torch
 
+from sglang_histospec.drafting.protocol import Drafter
 from sglang_histospec.engine.commit import Commit
 from sglang_histospec.engine.governor import critical_progress
 from sglang_histospec.engine.inputs import StepInputs, build_inputs
@@ -48,14 +49,15 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class Engine:
     """Batched generation for one Hugging Face causal LM (Llama, Qwen2, Qwen3) with HistoSpec drafting.
 
-    Attributes: ``config`` (EngineConfig), ``drafter`` (core HistoSpecDrafter; history survives weight updates and
-    cache flushes), ``budgets`` (core BudgetController), ``tokenizer`` (the model directory's tokenizer, or None),
-    ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device), ``model_path`` (the current
-    weights' directory), ``weight_version`` (str | None), ``model`` (the HF model holding the weights);
-    ``step_cost``, ``calibration`` and ``governor`` are the draft selector's models (``engine/selector.py``).
+    Attributes: ``config`` (EngineConfig), ``drafter`` (``drafting.HistoSpecDrafter``; history survives weight
+    updates and cache flushes), ``budgets`` (``drafting.BudgetController``), ``tokenizer`` (the model directory's
+    tokenizer, or None), ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device),
+    ``model_path`` (the current weights' directory), ``weight_version`` (str | None), ``model`` (the HF model
+    holding the weights); ``step_cost``, ``calibration`` and ``governor`` are the draft selector's models
+    (``engine/selector.py``).
 
-    ``drafter`` / ``budgets`` may be passed in (any objects with the core API: ``start, extend, draft_batch,
-    finish, abort`` and ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
+    ``drafter`` / ``budgets`` may be passed in (a ``drafting.Drafter``, ``drafting/protocol.py``, and any object
+    with ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
 
     Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it from ONE thread: that thread
     calls ``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the
@@ -70,7 +72,7 @@ class Engine:
     blocking convenience loop over ``add_request`` + ``step``.
     """
 
-    def __init__(self, config: EngineConfig, drafter=None, budgets=None) -> None:
+    def __init__(self, config: EngineConfig, drafter: Drafter | None = None, budgets=None) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         if not isinstance(config, EngineConfig):
@@ -134,7 +136,7 @@ class Engine:
 
     @property
     def calibration(self):
-        """The draft calibration (the drafter's own when it has one)."""
+        """The draft calibration (the drafter's own)."""
         return self.selector.calibration
 
     @property
@@ -307,7 +309,7 @@ class Engine:
             weight_version=self.weight_version,
             model_path=self.model_path,
             device=str(self.device),
-            drafter=self.drafter.stats() if hasattr(self.drafter, "stats") else {},
+            drafter=self.drafter.stats(),
             step_cost={
                 "ready": self.step_cost.ready,
                 "row_cost_s": self.step_cost.row_cost(),
@@ -342,9 +344,9 @@ class Engine:
             return None
 
     @staticmethod
-    def _drafting_parts(config: EngineConfig, drafter, budgets) -> tuple:
-        """The drafter and budget controller passed in, else the core ones (with the cost cut, a fixed budget of
-        ``num_draft_tokens``: the cut sizes the trees)."""
+    def _drafting_parts(config: EngineConfig, drafter: Drafter | None, budgets) -> tuple:
+        """The drafter and budget controller passed in, else the ``drafting`` ones (with the cost cut, a fixed budget
+        of ``num_draft_tokens``: the cut sizes the trees)."""
         if drafter is None or budgets is None:
             from sglang_histospec.drafting import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
 

@@ -21,6 +21,7 @@ from sglang_histospec.drafting import ROOT, Draft
 from sglang_histospec.drafting.calibration import DraftCalibration
 from sglang_histospec.drafting.draft_cut import StepCostModel, best_cut
 from sglang_histospec.drafting.flat import FlatDrafts
+from sglang_histospec.drafting.protocol import Drafter
 from sglang_histospec.engine.commit import tell_drafter
 from sglang_histospec.engine.governor import SpecGovernor
 from sglang_histospec.engine.request import RequestState
@@ -99,10 +100,10 @@ class Selection:
 
 class DraftSelector:
     """Owns the drafting decisions of the engine and the models they learn: ``step_cost`` (StepCostModel),
-    ``calibration`` (the drafter's DraftCalibration when it has one) and ``governor`` (SpecGovernor, with the cut).
+    ``calibration`` (the drafter's DraftCalibration) and ``governor`` (SpecGovernor, with the cut).
 
-    ``drafter`` and ``budgets`` are the engine's (core HistoSpecDrafter / BudgetController API); ``stats`` is the
-    engine's counter (``draft_pauses``, ``paused_steps``).
+    ``drafter`` and ``budgets`` are the engine's (a ``drafting.Drafter`` and a BudgetController); ``stats``
+    is the engine's counter (``draft_pauses``, ``paused_steps``).
 
     Each step ``select`` asks the budget controller for every running request's budget (capped by
     ``num_draft_tokens``, the tokens left and the context room; all 0 while paused, when the governor measures plain
@@ -131,7 +132,7 @@ class DraftSelector:
     def __init__(
         self,
         config: EngineConfig,
-        drafter,
+        drafter: Drafter,
         budgets,
         max_context_len: int,
         vocab_size: int,
@@ -146,13 +147,12 @@ class DraftSelector:
         self.speculate = config.speculative_algorithm == "HISTOSPEC" and config.num_draft_tokens > 0
         self.cut = self.speculate and config.draft_selection == "cost"
         self.step_cost = StepCostModel()
-        # the drafter's calibration when it has one (HistoSpecDrafter does), so replay and the plugin share it
-        self.calibration = getattr(drafter, "calibration", None) or DraftCalibration()
+        self.calibration: DraftCalibration = drafter.calibration  # the drafter's, shared with replay and the plugin
         self.governor = SpecGovernor(config.governor) if self.cut else None
         self._pause = 0  # steps left without drafting: the last cut expected drafting to be slower than plain steps
         self._pause_len = 1  # length of the next pause (doubles while drafting keeps not paying)
         self._draft_s = 0.0  # decayed mean host time of a step's drafting work (seconds), saved by a paused step
-        self._history_step = getattr(drafter, "open_step", None)
+        self._history_step = drafter.open_step
         self._scale = [0.0, 0.0]  # decayed sums of accepted and predicted verified nodes (the acceptance scale)
         self._ramp = 1.0  # multiple of the probe cap a trusted step may keep (doubles while drafting steps pay)
 
@@ -167,7 +167,7 @@ class DraftSelector:
         """Draft nodes each running request may get this step (0 = none)."""
         if not self.speculate:
             return [0] * len(running)
-        step = getattr(self.drafter, "open_step", None)
+        step = self.drafter.open_step
         if step != self._history_step:  # new history: whether drafting pays is measured anew
             self._history_step = step
             self._pause, self._pause_len = 0, 1

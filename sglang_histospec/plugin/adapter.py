@@ -23,6 +23,7 @@ import numpy as np
 from sglang_histospec.drafting import Draft, DrafterConfig, HistoSpecDrafter, pack_draft
 from sglang_histospec.drafting.prompt_ids import PROMPT_ID_KEY as PROMPT_ID_KEY  # the old import path
 from sglang_histospec.drafting.prompt_ids import prompt_id_for
+from sglang_histospec.drafting.protocol import Drafter
 
 prompt_key = prompt_id_for
 """The history key of a request (the old name of :func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`)."""
@@ -92,9 +93,9 @@ class HistorySpecCorpus:
     the same calls in the same order and drafts identically.
     """
 
-    def __init__(self, config: AdapterConfig, drafter: HistoSpecDrafter | None = None) -> None:
+    def __init__(self, config: AdapterConfig, drafter: Drafter | None = None) -> None:
         self.config = config
-        self.drafter = drafter if drafter is not None else HistoSpecDrafter(config.drafter)
+        self.drafter: Drafter = drafter if drafter is not None else HistoSpecDrafter(config.drafter)
         self._live: dict[str, _Live] = {}
         self.counters = {"requests": 0, "recorded": 0, "skipped_aborted": 0, "pushed": 0, "steps_closed": 0}
 

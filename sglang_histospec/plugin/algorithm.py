@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from sglang_histospec.plugin import ALGORITHM_NAME, TESTED_SGLANG_VERSIONS
+from sglang_histospec.plugin.constants import ALGORITHM_NAME, TESTED_SGLANG_VERSIONS
 
 logger = logging.getLogger(__name__)
 

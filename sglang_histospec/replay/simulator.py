@@ -46,6 +46,8 @@ class ReplayDrafter(Protocol):
     """True when the open step's responses feed the global source as they are emitted (the peers' live caches)."""
     resets_each_step: bool
     """True when the drafter's global cache is emptied at every step boundary (``--peer-reset step``)."""
+    pads_to_budget: bool
+    """True when the engine verifies ``budget`` nodes whatever the draft's size (est_speedup charges them)."""
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None: ...
     def extend(self, req_id: str, tokens: list[int]) -> None: ...
@@ -60,6 +62,9 @@ class ReplayDrafter(Protocol):
         ...
 
     def observe(self, req_id: str, drafted: int, accepted: int) -> None: ...
+    def calibration_report(self) -> dict | None:
+        """How well the drafter's probabilities predicted acceptance (None: it has no probabilities to judge)."""
+        ...
 
 
 class BaseDrafter:
@@ -93,6 +98,9 @@ class BaseDrafter:
 
     def observe(self, req_id: str, drafted: int, accepted: int) -> None:
         pass
+
+    def calibration_report(self) -> dict | None:
+        return None
 
 
 class NoneDrafter(BaseDrafter):
@@ -401,7 +409,7 @@ def _oracle(drafter: ReplayDrafter, cfg: ReplayConfig) -> Oracle | None:
         return None
     sources = drafter.sources if cfg.oracle_sources is None else tuple(cfg.oracle_sources)
     window = None if cfg.oracle_all_history else drafter.window
-    keep = not getattr(drafter, "resets_each_step", False)
+    keep = not drafter.resets_each_step
     return Oracle(cfg.budget, sources, window, drafter.live_global, keep_global=keep)
 
 
@@ -433,7 +441,7 @@ def _verify(
     res.accepted += a
     tally.accept_hist[a] += 1
     if tally.costs is not None:
-        tally.cost_sum += tally.costs[min(b, cap) if getattr(drafter, "pads_to_budget", False) else nd]
+        tally.cost_sum += tally.costs[min(b, cap) if drafter.pads_to_budget else nd]
 
 
 def _decode_step(
@@ -502,8 +510,7 @@ def _finish(res: ReplayResult, tally: _Tally, drafter: ReplayDrafter) -> None:
     if tally.costs is not None and tally.cost_sum > 0:
         res.est_speedup = res.tokens / tally.cost_sum
     res.accept_hist = tally.accept_hist
-    report = getattr(drafter, "calibration_report", None)
-    res.calibration = report() if report is not None else None
+    res.calibration = drafter.calibration_report()
 
 
 def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig) -> ReplayResult:

@@ -341,8 +341,7 @@ def test_bad_input_raises_value_error():
 
 
 def test_native_constants_mirror_the_reference():
-    from sglang_histospec.core import _native
-    from sglang_histospec.drafting import anchors
+    from sglang_histospec.drafting import _native, anchors
 
     assert len(_native.ANCHOR_CONSTANTS) == 14
     for name, value in _native.ANCHOR_CONSTANTS.items():

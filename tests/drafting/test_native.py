@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.core import _native
+from sglang_histospec.drafting import _native
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.native import NativeIndex
 from sglang_histospec.drafting.reference import WEIGHT_ONE, ReferenceIndex

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import pytest
 import torch
 
 from sglang_histospec.engine import GenerateRequest, SamplingParams
@@ -28,13 +27,10 @@ def _state(rid="a", max_new=8, return_logprob=False, prompt_id="p"):
 class Recorder:
     """Fake drafter, budgets and KV cache: records every call."""
 
-    def __init__(self, batch=True):
+    def __init__(self):
         self.calls = []
-        self.batch = batch
 
     def __getattr__(self, name):
-        if name == "extend_batch" and not self.batch:
-            raise AttributeError(name)
         return lambda *args: self.calls.append((name, *args))
 
 
@@ -96,27 +92,23 @@ def test_step_commits_tokens_cache_and_drafter():
 
 
 def test_step_without_speculation():
-    drafter, budgets, cache = Recorder(batch=False), Recorder(), Recorder()
+    drafter, budgets, cache = Recorder(), Recorder(), Recorder()
     off = _commit(drafter, budgets, cache, speculate=False)
     st = _state()
     off.step([st], TreeBatch.build([None], [5]), [WalkResult([], [7], [0])], None, base=np.array([1]))
     assert drafter.calls == [] and budgets.calls == [] and cache.calls == [] and st.kv_len == 2
 
 
-@pytest.mark.parametrize("batch", [True, False])
-def test_the_drafter_is_told_each_token_once_when_asked(batch):
+def test_the_drafter_is_told_each_token_once_when_asked():
     """Steps decoded plainly cost the drafter nothing; telling it catches up every request at once."""
-    drafter = Recorder(batch=batch)
+    drafter = Recorder()
     a, b, c = _state("a"), _state("b"), _state("c")
     a.output, b.output = [7, 8], [9]
     tell_drafter(drafter, [a, b, c])
     a.output.append(3)
     tell_drafter(drafter, [a, b, c])
     tell_drafter(drafter, [a, b, c])  # nothing new
-    if batch:
-        assert drafter.calls == [("extend_batch", ["a", "b"], [[7, 8], [9]]), ("extend_batch", ["a"], [[3]])]
-    else:
-        assert drafter.calls == [("extend", "a", [7, 8]), ("extend", "b", [9]), ("extend", "a", [3])]
+    assert drafter.calls == [("extend_batch", ["a", "b"], [[7, 8], [9]]), ("extend_batch", ["a"], [[3]])]
     assert (a.told, b.told, c.told) == (3, 1, 0)
 
 

@@ -1,4 +1,4 @@
-"""Test instruments for the engine: a scripted drafter and fixed budgets (they implement the core drafter and
+"""Test instruments for the engine: a scripted drafter and fixed budgets (they implement the drafting drafter and
 budget API, so the verifier can be fed drafts that are deliberately right or deliberately wrong).
 
 Example: ``ScriptedDrafter({"p0": [5, 6, 7]}, branch=2)`` drafts, for a request of prompt "p0" that has generated
@@ -11,7 +11,7 @@ import contextlib
 
 import numpy as np
 
-from sglang_histospec.drafting import ROOT, Draft
+from sglang_histospec.drafting import ROOT, Draft, DraftCalibration
 
 
 class ScriptedDrafter:
@@ -29,12 +29,18 @@ class ScriptedDrafter:
         self.wrong_first = wrong_first
         self.reqs: dict[str, tuple[str | None, list[int]]] = {}
         self.finished: dict[str, list[int]] = {}
+        self.calibration = DraftCalibration()
+        self.open_step = 0
 
     def start(self, req_id, prompt_id, prompt_tokens):
         self.reqs[req_id] = (prompt_id, [])
 
     def extend(self, req_id, tokens):
         self.reqs[req_id][1].extend(tokens)
+
+    def extend_batch(self, req_ids, tokens):
+        for rid, toks in zip(req_ids, tokens):
+            self.extend(rid, toks)
 
     def draft_batch(self, req_ids, budgets):
         return [self.draft(r, b) for r, b in zip(req_ids, budgets)]
@@ -73,6 +79,12 @@ class ScriptedDrafter:
 
     def abort(self, req_id):
         self.reqs.pop(req_id, None)
+
+    def add(self, prompt_id, step, responses, rewards=None, prompt_tokens=None):
+        return 0  # no history: the drafts come from ``refs``
+
+    def end_step(self, step=None):
+        self.open_step = (self.open_step if step is None else step) + 1
 
     def stats(self):
         return {"requests": len(self.reqs)}

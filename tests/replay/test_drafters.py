@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_histospec.replay.drafters.registry import PeerUnavailable, build_drafter
+from sglang_histospec.replay.drafters.peers import PeerUnavailable
+from sglang_histospec.replay.drafters.registry import build_drafter
 from sglang_histospec.replay.simulator import ReplayConfig, replay
 from sglang_histospec.trace.format import TraceRecord, TraceStep
 from sglang_histospec.trace.synth import SynthConfig, generate

@@ -15,6 +15,7 @@ import numpy as np
 
 from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
+from sglang_histospec.drafting.protocol import Drafter
 from sglang_histospec.drafting.types import Draft
 from sglang_histospec.replay.simulator import BaseDrafter
 
@@ -46,7 +47,7 @@ class HistoSpecReplayDrafter(BaseDrafter):
     ) -> None:
         self.name = name
         self.cfg = cfg
-        self.drafter = HistoSpecDrafter(cfg)
+        self.drafter: Drafter = HistoSpecDrafter(cfg)
         self.sources = tuple(cfg.sources)
         self.window = cfg.window
         self.live_global = False
@@ -93,7 +94,7 @@ class HistoSpecReplayDrafter(BaseDrafter):
         }
 
     def draft(self, req_id: str, budget: int) -> Draft:
-        d = self.drafter.draft(req_id, budget)
+        d = self.drafter.draft_batch([req_id], [budget])[0]
         self._last[req_id] = d
         if self.budgets is not None:
             self._depth[req_id] = max(d.depths(), default=0)

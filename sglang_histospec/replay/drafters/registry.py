@@ -19,19 +19,6 @@ from dataclasses import fields
 
 from sglang_histospec.replay.simulator import NoneDrafter, ReplayDrafter
 
-
-class PeerUnavailable(RuntimeError):
-    """A peer drafter's package is not installed (the message names the make target)."""
-
-
-def require(drafter: str, package: str, exc: BaseException) -> PeerUnavailable:
-    """The error for a peer drafter whose package ``package`` failed to import with ``exc``."""
-    return PeerUnavailable(
-        f"drafter {drafter!r} needs {package}, which is not importable here ({type(exc).__name__}: {exc}); "
-        "install it with `make install-peers` (see docs/replay.md)"
-    )
-
-
 DRAFTERS = ("histospec", "rhymerl", "prompt-lookup", "none", "sglang-ngram", "suffix")
 PEERS = ("sglang-ngram", "suffix")
 """Drafters with a cache shared by every request of a server (the ones ``peer_reset`` applies to)."""

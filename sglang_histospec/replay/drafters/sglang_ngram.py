@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sglang_histospec.drafting.types import ROOT, Draft
-from sglang_histospec.replay.drafters.registry import require
+from sglang_histospec.replay.drafters.peers import require
 from sglang_histospec.replay.simulator import BaseDrafter
 
 

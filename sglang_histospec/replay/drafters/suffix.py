@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglang_histospec.drafting.types import ROOT, Draft
-from sglang_histospec.replay.drafters.registry import require
+from sglang_histospec.replay.drafters.peers import require
 from sglang_histospec.replay.simulator import BaseDrafter
 
 
