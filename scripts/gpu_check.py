@@ -449,9 +449,10 @@ def _project_batch(trace: str, replay: dict, size: str, batch: int, points: dict
     out = []
     for budget, tau in sorted(replay["tau"].items()):
         t1, tk = points.get(1), interpolate(points, budget + 1)
+        tk = None if tk is None else round(tk, 4)  # the speedup is computed from the figures the JSON reports
         speedup = None if t1 is None or tk is None else round(tau * t1 / tk, 3)
         out.append({"trace": trace, "replay_file": replay["file"], "size": size, "batch": batch, "budget": budget,
-                    "tau": tau, "t1_ms": t1, "tk_ms": None if tk is None else round(tk, 4),
+                    "tau": tau, "t1_ms": t1, "tk_ms": tk,
                     "tk_from": _source(points, budget + 1), "projected_speedup": speedup})  # fmt: skip
     return out
 
