@@ -233,11 +233,13 @@ def _check_room(prompt_ids: dict[str, list[int]], cfg: RecordConfig, max_context
         )
 
 
-def _save_params(path: Path, model, params) -> None:
+def _save_params(path: Path, model, params, **extra) -> None:
+    """Write the trained ``params`` by name (plus ``extra`` entries, e.g. the optimizer's state) to ``path``."""
     import torch
 
     names = {id(p): n for n, p in model.named_parameters()}
-    torch.save({"params": {names[id(p)]: p.detach().clone() for p in params}}, path.with_suffix(".tmp"))
+    state = {names[id(p)]: p.detach().clone() for p in params}
+    torch.save({"params": state, **extra}, path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)
 
 
@@ -259,11 +261,7 @@ def _checkpoint(work: Path, epoch: int) -> Path:
 
 
 def _save_epoch(work: Path, epoch: int, records: list[dict], stats: RecordEpoch, model, optimizer, params) -> None:
-    import torch
-
-    names = {id(p): n for n, p in model.named_parameters()}
-    state = {names[id(p)]: p.detach().clone() for p in params}
-    torch.save({"params": state, "optimizer": optimizer.state_dict()}, _checkpoint(work, epoch))
+    _save_params(_checkpoint(work, epoch), model, params, optimizer=optimizer.state_dict())
     tmp = work / f"epoch-{epoch:03d}.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
     (work / f"epoch-{epoch:03d}.json").write_text(json.dumps(asdict(stats)))
