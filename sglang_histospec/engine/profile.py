@@ -52,9 +52,6 @@ def verify_pass(fwd: TreeForward, cache: KVCache, batch: int, extra: int, contex
     torch.softmax(fwd.logits(hidden.reshape(batch * n, -1)), dim=-1)
 
 
-_verify_pass = verify_pass  # the old name, imported by an archived measuring script under docs/data/results/
-
-
 def profile_verify(
     fwd: TreeForward, cache: KVCache, max_batch: int, extra_per_request: int, rounds: int = 2
 ) -> list[tuple[int, int, float]]:
