@@ -2,7 +2,8 @@
 
 Token reuse (the share of a response's tokens covered by m-token matches in the previous epoch's responses to the
 same prompt) and length stability (rank correlations of per-prompt mean lengths): :func:`trace_stats`;
-docs/replay.md section 8.
+docs/replay.md section 8. Beside them, two properties of the responses themselves: their self-reuse (m-grams that
+recur within a response: loops a drafter can copy from the response alone) and the share cut at the longest length.
 
 Example::
 
@@ -111,6 +112,25 @@ def coverage(response: Sequence[int], prev_keys: np.ndarray, m: int) -> int:
     return int((np.cumsum(delta[:n]) > 0).sum())
 
 
+def self_coverage(response: Sequence[int], m: int) -> int:
+    """Tokens of ``response`` covered by m-grams that already occurred earlier in it (loops, repeated lines).
+
+    Example: m = 2, [1, 2, 3, 1, 2]: the 2-gram 12 recurs at position 3, covering its 2 tokens -> 2.
+    """
+    n = len(response)
+    if n <= m:
+        return 0
+    keys = kgram_keys(response, m)[m - 1, : n - m + 1]
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    hit = np.flatnonzero(first[inverse] < np.arange(len(keys)))  # an earlier occurrence of the same m-gram
+    if len(hit) == 0:
+        return 0
+    delta = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(delta, hit, 1)
+    np.add.at(delta, hit + m, -1)
+    return int((np.cumsum(delta[:n]) > 0).sum())
+
+
 @dataclass(slots=True)
 class PairStats:
     """Statistics of one pair of adjacent epochs (``epochs = [e, e + 1]``)."""
@@ -147,6 +167,10 @@ class TraceStats:
     length_p90: float
     length_p99: float
     length_max: int
+    at_length_max_share: float
+    """Share of responses exactly ``length_max`` long: those a recorder cut at its ``max_new_tokens``, usually."""
+    self_reuse: float
+    """Tokens covered by m-grams that occurred earlier in the same response / all tokens (token-weighted)."""
     epoch_source: str
     pairs: list[PairStats]
     lengths: list[int] = field(default_factory=list, repr=False)
@@ -174,6 +198,8 @@ class TraceStats:
             "length_p90": clean(self.length_p90),
             "length_p99": clean(self.length_p99),
             "length_max": self.length_max,
+            "at_length_max_share": clean(self.at_length_max_share),
+            "self_reuse": clean(self.self_reuse),
         }
         for key in ("token_reuse", "spearman", "kendall", "rank_moved_share"):  # means over pairs
             vals = [getattr(p, key) for p in self.pairs if np.isfinite(getattr(p, key))]
@@ -257,6 +283,7 @@ def trace_stats(records: Iterable[TraceRecord], min_match: int = 4) -> TraceStat
         )
     lengths = [len(r.response) for r in recs]
     la = np.asarray(lengths, dtype=np.float64)
+    self_covered = sum(self_coverage(r.response, min_match) for r in recs)
     return TraceStats(
         epochs=len(by),
         prompts=len({r.prompt_id for r in recs}),
@@ -267,6 +294,8 @@ def trace_stats(records: Iterable[TraceRecord], min_match: int = 4) -> TraceStat
         length_p90=float(np.percentile(la, 90)),
         length_p99=float(np.percentile(la, 99)),
         length_max=int(la.max()),
+        at_length_max_share=float((la == la.max()).mean()),
+        self_reuse=self_covered / max(1.0, float(la.sum())),
         epoch_source=source,
         pairs=pairs,
         lengths=lengths,

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from sglang_histospec.trace.format import TraceRecord
-from sglang_histospec.trace.stats import average_ranks, kendall, rank_moved_share, spearman, trace_stats
+from sglang_histospec.trace.stats import (
+    average_ranks,
+    kendall,
+    rank_moved_share,
+    self_coverage,
+    spearman,
+    trace_stats,
+)
 
 
 def rec(step, pid, resp, sample=0, epoch=None):
@@ -66,3 +73,35 @@ def test_average_ranks_and_validation():
         trace_stats([])
     with pytest.raises(ValueError):
         spearman([1, 2], [1])
+
+
+@pytest.mark.parametrize(
+    ("response", "m", "covered"),
+    [
+        ([1, 2, 3, 1, 2], 2, 2),  # 12 recurs
+        ([1, 2, 3, 4], 2, 0),  # nothing recurs
+        ([5, 5, 5, 5], 2, 3),  # 55 at positions 1 and 2 recur: tokens 1..3
+        ([1, 2, 1, 2, 1, 2], 3, 4),  # 121 and 212 recur from position 2: tokens 2..5
+        ([7], 1, 0),
+        ([7, 7], 1, 1),
+    ],
+)
+def test_self_coverage_hand_computed(response, m, covered):
+    assert self_coverage(response, m) == covered
+
+
+def test_self_coverage_matches_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        r, m = rng.integers(0, 3, int(rng.integers(1, 30))).tolist(), int(rng.integers(1, 4))
+        grams = [tuple(r[j : j + m]) for j in range(len(r) - m + 1)]
+        cov = {j + k for j, g in enumerate(grams) if g in grams[:j] for k in range(m)}
+        assert self_coverage(r, m) == len(cov)
+
+
+def test_trace_level_self_reuse_and_cut_share():
+    recs = [rec(0, "a", [1, 2, 3, 1, 2]), rec(0, "a", [4, 5], sample=1), rec(1, "a", [6, 7, 8, 9, 0])]
+    s = trace_stats(recs, min_match=2)
+    assert s.self_reuse == pytest.approx(2 / 12)
+    assert s.at_length_max_share == pytest.approx(2 / 3)
+    assert s.to_json()["self_reuse"] == round(2 / 12, 6)
