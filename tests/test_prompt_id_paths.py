@@ -12,7 +12,7 @@ import pytest
 
 from sglang_histospec.drafting.prompt_ids import prompt_id_for, token_prompt_id
 from sglang_histospec.plugin.adapter import prompt_key
-from sglang_histospec.router.router import item_prompt_id
+from sglang_histospec.router.items import item_prompt_id
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
 from trl_integration.generation import HistoSpecGeneration
 from trl_integration.prompt_ids import resolve_prompt_ids

@@ -117,7 +117,8 @@ class _PolicyRun:
     """One policy's router over the servers; ``step`` replays a trace step and measures it."""
 
     def __init__(self, urls: list[str], policy: str, cost, migrate: bool, overlap: bool = False) -> None:  # noqa: ANN001
-        from sglang_histospec.router.router import Router, RouterConfig
+        from sglang_histospec.router.config import RouterConfig
+        from sglang_histospec.router.router import Router
 
         planner = _planner(policy)
         config = RouterConfig(

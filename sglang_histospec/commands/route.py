@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from sglang_histospec.pipe.planner import PlannerConfig
     from sglang_histospec.router.app import create_app
-    from sglang_histospec.router.router import Router, RouterConfig
+    from sglang_histospec.router.config import RouterConfig
+    from sglang_histospec.router.router import Router
     from sglang_histospec.server.launch import check_bind, limits_from_args, run_app
 
     try:

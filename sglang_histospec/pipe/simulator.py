@@ -251,13 +251,10 @@ class _Run:
         self.unfinished = [sum(g.size for g in s.groups) for s in steps]
         self.total = list(self.unfinished)
         self.finish_times: list[list[float]] = [[] for _ in steps]
-        self.start = [math.inf] * n
-        self.end = [0.0] * n
-        self.complete = [False] * n
-        self.moves = [0] * n
+        self.start, self.end = [math.inf] * n, [0.0] * n  # per step: first submission, last finish
+        self.complete, self.moves, self.history = [False] * n, [0] * n, [0.0] * n
         self.carry: dict[int, list[tuple[tuple, int]]] = {}
         self.completed = 0
-        self.history = [0.0] * n
         self.check_at = math.inf  # time of the pending outlier scan
         self.in_tail = [False] * n  # steps whose tail has been scanned
         self.waiting = False  # an outlier waits for a free worker
@@ -306,12 +303,7 @@ class _Run:
             self.cur[w] = s
             keys = self.todo.pop((s, w), [])
             if keys:
-                if s == len(self.steps) - 1 and self.steady_to is None:
-                    self.steady_to = (t, self._busy_at(t))
-                self.start[s] = min(self.start[s], t)
-            for key in keys:
-                r = self.reqs[key]
-                self.workers[w].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+                self._start_keys(w, s, keys, t)
             self.out[w] = len(keys)
             self._schedule(w)
         if self.cfg.overlap and self.cfg.steal and self.out[w] == 0 and self.workers[w].is_idle():
@@ -328,14 +320,18 @@ class _Run:
         take, self.todo[(s, v)] = self._balance(v, self.todo[(s, v)])
         if not take:
             return
-        self.start[s] = min(self.start[s], t)
-        if s == len(self.steps) - 1 and self.steady_to is None:
-            self.steady_to = (t, self._busy_at(t))
-        for key in take:
-            r = self.reqs[key]
-            self.workers[u].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+        self._start_keys(u, s, take, t)
         self.out[u] += len(take)
         self._schedule(u)
+
+    def _start_keys(self, w: int, s: int, keys: list[tuple], t: float) -> None:
+        """Worker ``w`` starts ``keys`` of step ``s`` at ``t`` (the step starts then, if it had not)."""
+        if s == len(self.steps) - 1 and self.steady_to is None:
+            self.steady_to = (t, self._busy_at(t))
+        self.start[s] = min(self.start[s], t)
+        for key in keys:
+            r = self.reqs[key]
+            self.workers[w].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
 
     def _balance(self, v: int, keys: list[tuple]) -> tuple[list[tuple], list[tuple]]:
         """Split worker ``v``'s unstarted ``keys`` between an idle worker (first list) and ``v`` (second), longest
@@ -524,17 +520,21 @@ class _Run:
         if r is None:
             return True
         r.migrated = True
-        target = free[0]
-        self.workers[target].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
-        if self.cur[target] == s:
-            self.out[target] += 1
-        else:  # an idle worker of a later step hosts it (overlap)
-            self.guests.add(key)
+        self._resume(key, free[0], t)
         self.moves[s] += 1
-        self._schedule(target)
         if self.out[w] == 0:
             self._try_start(w, t)
         return True
+
+    def _resume(self, key: tuple, v: int, t: float) -> None:
+        """Run taken-off ``key`` on worker ``v`` from ``t``: counted on ``v``'s step, or a guest of a later one."""
+        r = self.reqs[key]
+        self.workers[v].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
+        if self.cur[v] == r.step:
+            self.out[v] += 1
+        else:
+            self.guests.add(key)
+        self._schedule(v)
 
     def _defer(self, key: tuple, w: int, t: float) -> bool:
         """Take outlier ``key`` off worker ``w``; it finishes as part of the next step (on ``w``)."""
@@ -552,30 +552,19 @@ class _Run:
         ahead = [v for v in range(len(self.workers)) if self.cur[v] == s + 1]
         idle = self._hosts(s + 1, w) if self.cfg.overlap_migration != "off" else []
         if idle:  # an idle worker takes it at once, alone
-            v = idle[0]
-            self.workers[v].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
-            if self.cur[v] == s + 1:
-                self.out[v] += 1
-            else:
-                self.guests.add(key)
-            self.total[s + 1] += 1
-            self.unfinished[s + 1] += 1
-            self._schedule(v)
+            self._resume(key, idle[0], t)
         elif ahead:  # a worker already on the next step takes it at once
             v = min(ahead, key=lambda v: (len(self.workers[v].running) + len(self.workers[v].queue), v))
             for k, ft in self.workers[v].advance(t):
                 self._finished(k, ft, v)
-            self.workers[v].submit(key, r.prompt_len + r.done, r.length - r.done, at=t)
-            self.out[v] += 1
-            self.total[s + 1] += 1
-            self.unfinished[s + 1] += 1
-            self._schedule(v)
+            self._resume(key, v, t)
         elif s + 1 in self.plans:
             self.todo.setdefault((s + 1, w), []).insert(0, key)
-            self.total[s + 1] += 1
-            self.unfinished[s + 1] += 1
         else:
             self.carry.setdefault(s + 1, []).append((key, w))
+        if idle or ahead or s + 1 in self.plans:  # counted for s + 1 now (a carried one when s + 1 is planned)
+            self.total[s + 1] += 1
+            self.unfinished[s + 1] += 1
         self._deferred_from(s, w, t)
         return True
 

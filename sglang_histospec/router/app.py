@@ -15,7 +15,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from sglang_histospec.router.router import Router, RouterError
+from sglang_histospec.router.config import RouterError
+from sglang_histospec.router.router import Router
 from sglang_histospec.server.http_api import ApiError, ApiGuard, install_error_handlers, weight_update_error
 from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.schemas import (
@@ -75,6 +76,14 @@ def create_app(router: Router) -> FastAPI:
         on_error=lambda status: None,
     )
     install_error_handlers(app, on_error=lambda status: None)
+    _add_generation_routes(app, router)
+    _add_fan_out_routes(app, router)
+    _add_router_routes(app, router)
+    return app
+
+
+def _add_generation_routes(app: FastAPI, router: Router) -> None:
+    """``/histopipe/step``, ``/histopipe/drain``, ``/generate``: a client that goes away gets its requests aborted."""
 
     @app.post("/histopipe/step")
     async def step(body: StepBody, request: Request) -> dict[str, Any]:
@@ -90,6 +99,10 @@ def create_app(router: Router) -> FastAPI:
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Any:
         return await _run_cancellable(request, router, lambda on_rids: router.generate(body, on_rids))
+
+
+def _add_fan_out_routes(app: FastAPI, router: Router) -> None:
+    """The routes fanned out to every healthy backend, and model info from one."""
 
     @app.post("/histospec/history")
     def history(body: HistoryPushBody) -> dict[str, Any]:
@@ -121,6 +134,10 @@ def create_app(router: Router) -> FastAPI:
     def model_info() -> Any:
         return router.backend_get("/get_model_info")
 
+
+def _add_router_routes(app: FastAPI, router: Router) -> None:
+    """What the router answers itself: health, backends, stats, metrics."""
+
     @app.get("/health")
     def health() -> JSONResponse:
         status, body = router.health()
@@ -144,5 +161,3 @@ def create_app(router: Router) -> FastAPI:
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(router.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return app

@@ -219,6 +219,44 @@ def assign_epochs(records: list[TraceRecord]) -> tuple[list[int], str]:
     return [visit[r.prompt_id][r.step] for r in records], "visit"
 
 
+def _pair_stats(
+    epoch: int, prev: dict[str, list[list[int]]], cur: dict[str, list[list[int]]], min_match: int
+) -> PairStats:
+    """Token reuse and length stability between epoch ``epoch`` (``prev``) and the next (``cur``)."""
+    common = [pid for pid in cur if pid in prev]
+    shares, covered, total = [], 0, 0
+    len_a, len_b = [], []
+    for pid in common:
+        rows = [kgram_keys(r, min_match)[min_match - 1] for r in prev[pid] if len(r) >= min_match]
+        keys = sorted_unique(np.concatenate(rows)) if rows else np.zeros(0, dtype=np.uint64)
+        keys = keys[keys != PAD]
+        for resp in cur[pid]:
+            if not resp:
+                continue
+            c = coverage(resp, keys, min_match)
+            covered += c
+            total += len(resp)
+            shares.append(c / len(resp))
+        len_a.append(float(np.mean([len(r) for r in prev[pid]])))
+        len_b.append(float(np.mean([len(r) for r in cur[pid]])))
+    sh = np.asarray(shares) if shares else np.asarray([np.nan])
+    return PairStats(
+        epochs=[epoch, epoch + 1],
+        prompts=len(common),
+        responses=len(shares),
+        token_reuse=covered / total if total else float("nan"),
+        token_reuse_mean_response=float(np.mean(sh)),
+        token_reuse_p10=float(np.percentile(sh, 10)),
+        token_reuse_p50=float(np.percentile(sh, 50)),
+        token_reuse_p90=float(np.percentile(sh, 90)),
+        spearman=spearman(len_a, len_b),
+        kendall=kendall(len_a, len_b),
+        rank_moved_share=rank_moved_share(len_a, len_b),
+        reuse_shares=shares,
+        mean_lengths=(len_a, len_b),
+    )
+
+
 def trace_stats(records: Iterable[TraceRecord], min_match: int = 4) -> TraceStats:
     """Compute both observations for every pair of adjacent epochs (docs/replay.md section 8).
 
@@ -242,45 +280,7 @@ def trace_stats(records: Iterable[TraceRecord], min_match: int = 4) -> TraceStat
     by: dict[int, dict[str, list[list[int]]]] = {}
     for r, e in zip(recs, epochs):
         by.setdefault(e, {}).setdefault(r.prompt_id, []).append(r.response)
-    pairs = []
-    for e in sorted(by):
-        if e + 1 not in by:
-            continue
-        prev, cur = by[e], by[e + 1]
-        common = [pid for pid in cur if pid in prev]
-        shares, covered, total = [], 0, 0
-        len_a, len_b = [], []
-        for pid in common:
-            rows = [kgram_keys(r, min_match)[min_match - 1] for r in prev[pid] if len(r) >= min_match]
-            keys = sorted_unique(np.concatenate(rows)) if rows else np.zeros(0, dtype=np.uint64)
-            keys = keys[keys != PAD]
-            for resp in cur[pid]:
-                if not resp:
-                    continue
-                c = coverage(resp, keys, min_match)
-                covered += c
-                total += len(resp)
-                shares.append(c / len(resp))
-            len_a.append(float(np.mean([len(r) for r in prev[pid]])))
-            len_b.append(float(np.mean([len(r) for r in cur[pid]])))
-        sh = np.asarray(shares) if shares else np.asarray([np.nan])
-        pairs.append(
-            PairStats(
-                epochs=[e, e + 1],
-                prompts=len(common),
-                responses=len(shares),
-                token_reuse=covered / total if total else float("nan"),
-                token_reuse_mean_response=float(np.mean(sh)),
-                token_reuse_p10=float(np.percentile(sh, 10)),
-                token_reuse_p50=float(np.percentile(sh, 50)),
-                token_reuse_p90=float(np.percentile(sh, 90)),
-                spearman=spearman(len_a, len_b),
-                kendall=kendall(len_a, len_b),
-                rank_moved_share=rank_moved_share(len_a, len_b),
-                reuse_shares=shares,
-                mean_lengths=(len_a, len_b),
-            )
-        )
+    pairs = [_pair_stats(e, by[e], by[e + 1], min_match) for e in sorted(by) if e + 1 in by]
     lengths = [len(r.response) for r in recs]
     la = np.asarray(lengths, dtype=np.float64)
     self_covered = sum(self_coverage(r.response, min_match) for r in recs)

@@ -12,7 +12,8 @@ from sglang_histospec.pipe.lengths import LengthEstimate
 from sglang_histospec.pipe.migration import InFlight, backlog_s, decode_rate, pick_deferrals, pick_migrations
 from sglang_histospec.pipe.planner import PlannerConfig
 from sglang_histospec.pipe.worker_cost import CostModel, CostModelConfig
-from sglang_histospec.router.router import Router, RouterConfig, RouterError
+from sglang_histospec.router.config import RouterConfig, RouterError
+from sglang_histospec.router.router import Router
 from tests.helpers.fake_servers import StallServer
 from tests.helpers.fake_servers import fake_token as _token
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir

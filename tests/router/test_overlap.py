@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from sglang_histospec.pipe.planner import PlannerConfig
 from sglang_histospec.router.app import create_app
-from sglang_histospec.router.router import Router, RouterConfig, RouterError
+from sglang_histospec.router.config import RouterConfig, RouterError
+from sglang_histospec.router.router import Router
 from tests.helpers.fake_servers import StallServer, fake_token
 
 N = 8  # requests per step: 7 that finish, one that stalls until released

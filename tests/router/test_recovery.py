@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_histospec.router.app import create_app
+from sglang_histospec.router.config import RouterConfig
 from sglang_histospec.router.recovery import PushLog, health_answer
-from sglang_histospec.router.router import Router, RouterConfig
+from sglang_histospec.router.router import Router
 from tests.helpers.server_harness import ServerThread, shared_tiny_model_dir
 
 

@@ -15,7 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sglang_histospec.router.app import create_app
-from sglang_histospec.router.router import Router, RouterConfig, join_generate_items, split_generate_body
+from sglang_histospec.router.config import RouterConfig
+from sglang_histospec.router.items import join_generate_items, split_generate_body
+from sglang_histospec.router.router import Router
 from sglang_histospec.server.client import HistoSpecClient
 from sglang_histospec.server.launch import free_port
 from tests.helpers.server_harness import (
@@ -398,7 +400,7 @@ def test_router_client_going_away_aborts_backend_work(long_server) -> None:
 
 
 def test_router_shutdown_fails_running_calls_at_once(long_server) -> None:
-    from sglang_histospec.router.router import RouterError
+    from sglang_histospec.router.config import RouterError
 
     router = _router([long_server.url])
     got: list = []

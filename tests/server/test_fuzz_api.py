@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_histospec.router.app import create_app as create_router_app
-from sglang_histospec.router.router import Router, RouterConfig
+from sglang_histospec.router.config import RouterConfig
+from sglang_histospec.router.router import Router
 from sglang_histospec.server.schemas import (
     AbortRequestBody,
     CustomParams,

@@ -270,7 +270,8 @@ def test_soak_behind_the_router_every_request_answered_once(model_dir, tmp_path)
     import uvicorn
 
     from sglang_histospec.router.app import create_app
-    from sglang_histospec.router.router import Router, RouterConfig
+    from sglang_histospec.router.config import RouterConfig
+    from sglang_histospec.router.router import Router
     from sglang_histospec.server.launch import free_port
 
     soak_s = float(os.environ.get("HISTOSPEC_SOAK_S", "120"))
