@@ -145,6 +145,7 @@ struct PendingAnchor {
 
 struct Pending {
   int64_t pos = 0;                     // context length when drafted
+  int32_t reach = kDepthMax;           // deepest depth the draft's budget let it reach: min(budget, kDepthMax)
   std::vector<PendingNode> nodes;      // [nodes] node 0 is the root
   std::vector<PendingAnchor> anchors;  // [chosen anchors] in anchor order
 };
