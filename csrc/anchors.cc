@@ -470,7 +470,7 @@ class LockAll {
 
 }  // namespace
 
-AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg) {}
+AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg), pool_(cfg.draft_threads) {}
 AnchorDrafter::~AnchorDrafter() = default;
 
 namespace {
@@ -905,33 +905,37 @@ void AnchorDrafter::draft_one(Request& req, const RunningGroup& group, int32_t b
 }
 
 std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>& req_ids,
-                                                 const std::vector<int32_t>& budgets, std::vector<int64_t>* ns) {
+                                                 const std::vector<int32_t>& budgets, std::vector<int64_t>* ns,
+                                                 int32_t threads) {
   std::vector<std::shared_ptr<Request>> reqs;
   reqs.reserve(req_ids.size());
   for (const auto& id : req_ids) reqs.push_back(find_request(id));
   std::vector<DraftOut> out(req_ids.size());
   if (ns) ns->assign(reqs.size(), 0);
-  std::unique_ptr<Scratch> scratch;
+  const int32_t use = std::min<int32_t>(threads > 0 ? threads : pool_.threads(), pool_.threads());
+  std::vector<std::unique_ptr<Scratch>> scratch(use);  // [threads] one per thread of the pool
   {
     std::lock_guard lock(scratch_mu_);
-    if (!scratch_pool_.empty()) {
-      scratch = std::move(scratch_pool_.back());
+    for (auto& s : scratch) {
+      if (scratch_pool_.empty()) break;
+      s = std::move(scratch_pool_.back());
       scratch_pool_.pop_back();
     }
   }
-  if (!scratch) scratch = std::make_unique<Scratch>();
-  for (size_t i = 0; i < reqs.size(); ++i) {
+  for (auto& s : scratch)
+    if (!s) s = std::make_unique<Scratch>();
+  pool_.run(reqs.size(), use, [&](size_t i, int32_t t) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       const RunningGroup group = running_group(*reqs[i]);
-      LockAll lock(*reqs[i], group, scratch->locks);
-      draft_one(*reqs[i], group, budgets[i], *scratch, out[i]);
+      LockAll lock(*reqs[i], group, scratch[t]->locks);
+      draft_one(*reqs[i], group, budgets[i], *scratch[t], out[i]);
     }
     if (ns)
       (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  }
+  });
   std::lock_guard lock(scratch_mu_);
-  scratch_pool_.push_back(std::move(scratch));
+  for (auto& s : scratch) scratch_pool_.push_back(std::move(s));
   return out;
 }
 
