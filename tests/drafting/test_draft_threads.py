@@ -162,3 +162,23 @@ def test_facade_passes_the_threads_to_the_native_backend(scorer):
     ref.start("r", "p", [1, 2])
     assert ref.draft("r", 4) == d.draft("r", 4)
 
+
+def test_bench_index_reports_step_times_per_thread_setting(capsys):
+    """``histospec bench index --draft-threads N``: step wall times on one thread and on N; the decode (hence tau)
+    is that of one thread."""
+    import json
+
+    from sglang_histospec import cli
+
+    argv = ["bench", "index", "--prompts", "6", "--responses", "2", "--length", "96", "--steps", "6", "--json"]
+    results = []
+    for threads in ("1", "3"):
+        assert cli.main([*argv, "--reference-prompts", "0", "--draft-threads", threads]) == 0
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    one, three = results
+    assert (one["threads"], three["threads"]) == (1, 3)
+    for r in results:
+        assert r["step_ms_1thread"] > 0 and r["step_ms_threads"] > 0 and r["draft_us_p99_threads"] > 0
+    assert one["tau"] == three["tau"] and one["request_steps"] == three["request_steps"]
+    with pytest.raises(SystemExit, match="--draft-threads=0"):
+        cli.main([*argv, "--draft-threads", "0"])
