@@ -1,4 +1,4 @@
-"""Shared by the demo tests: a demo-model configuration small enough to pretrain in seconds."""
+"""Shared by the toy-model tests: a demo-model configuration small enough to pretrain in seconds."""
 
 from __future__ import annotations
 
