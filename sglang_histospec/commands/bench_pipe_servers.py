@@ -310,6 +310,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo_model() -> Path:
-    from sglang_histospec.demo.model import build_or_load_demo_model
+    from sglang_histospec.models.demo_model import build_or_load_demo_model
 
     return build_or_load_demo_model(quick=True, progress=False)
