@@ -35,7 +35,8 @@ MARKER = re.compile(r"<!-- results:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /resu
 NAME = re.compile(r"^(?P<what>.+)_(?P<date>\d{4}-\d{2}-\d{2})_(?P<commit>[0-9a-f]{7,40})\.(?P<ext>jsonl?|txt)$")
 LOCKSTEP = re.compile(r"^replay_(?P<trace>.+)_(?P<schedule>sequential|lockstep)\.jsonl$")
 SMOLLM2_TRACES = ("smollm2-arith", "smollm2-units", "smollm2-arith-light", "smollm2-units-light")
-HELD_OUT = {"smollm2-units", "smollm2-units-light"}
+LONG_TRACES = ("smollm2-report", "smollm2-ledger")  # 1,024-token responses (docs/data/README.md)
+HELD_OUT = {"smollm2-units", "smollm2-units-light", "smollm2-report"}
 PEERS = ("sglang-ngram", "suffix", "rhymerl")
 DRAFT_TARGET = 1.3  # tau >= 1.3x the best same-corpus peer at N = 8 and 16
 DEPLOYED_TARGET = 1.5  # tau >= 1.5x NGRAM as deployed (its trie emptied at every step)
@@ -475,6 +476,8 @@ def render_pipe_servers(doc: Path) -> str:
 
 
 LOCKSTEP_COLUMNS = ("histospec", "NGRAM same corpus", "NGRAM as deployed", "suffix", "rhymerl", "oracle")
+LOCKSTEP_EXTRA = ("histospec / oracle", "draft us p50 / p99")
+"""Per row, after the tau columns: HistoSpec's share of the oracle and its draft latency per call in the replay."""
 
 
 def lockstep_column(row: dict) -> str | None:
@@ -505,6 +508,8 @@ def lockstep_cells(paths: list[Path]) -> tuple[dict[tuple[str, int], dict[str, f
             cell[col] = row["tau"]
             if col == "histospec" and row.get("oracle_tau") is not None:
                 cell["oracle"] = row["oracle_tau"]
+            if col == "histospec":
+                cell["draft_us"] = (row.get("draft_us_p50"), row.get("draft_us_p99"))
             commits.add(str(row.get("commit", "unknown")))
     return cells, commits
 
@@ -521,11 +526,22 @@ def lockstep_tables(results: Path, doc: Path) -> str:
     parts = []
     for trace, paths in sorted(by_trace.items()):
         cells, commits = lockstep_cells(paths)
-        rows = [[s, str(n), *(f2(c.get(col)) for col in LOCKSTEP_COLUMNS)] for (s, n), c in sorted(cells.items())]
+        rows = [[s, str(n), *(f2(c.get(col)) for col in LOCKSTEP_COLUMNS), *_lockstep_extra(c)]
+                for (s, n), c in sorted(cells.items())]  # fmt: skip
         files = ", ".join(f"[`{p.name}`]({os.path.relpath(p, doc.parent)})" for p in paths)
         where = f"{files}; commit {', '.join(f'`{c}`' for c in sorted(commits))}; {MACHINE}"
-        parts.append(f"**{trace}** ({where}):\n\n" + table(["schedule", "N", *LOCKSTEP_COLUMNS], rows))
+        parts.append(
+            f"**{trace}** ({where}):\n\n" + table(["schedule", "N", *LOCKSTEP_COLUMNS, *LOCKSTEP_EXTRA], rows)
+        )
     return "\n\n".join(parts)
+
+
+def _lockstep_extra(cell: dict) -> list[str]:
+    """HistoSpec / oracle and its draft latency (p50 / p99 us per call) for one table row; "-" where absent."""
+    ours, oracle = cell.get("histospec"), cell.get("oracle")
+    share = f"{ours / oracle:.2f}" if ours and oracle else "–"
+    p50, p99 = cell.get("draft_us", (None, None))
+    return [share, f"{p50:.0f} / {p99:.0f}" if p50 is not None and p99 is not None else "–"]
 
 
 def render_lockstep(doc: Path) -> str:
@@ -545,6 +561,8 @@ def lockstep_ratios(trace: str) -> str | None:
         return None
     cells, _ = lockstep_cells([path])
     peers = ("NGRAM same corpus", "suffix", "rhymerl")
+    if any("histospec" not in cells.get(("lockstep", n), {}) for n in (8, 16)):
+        return None  # HistoSpec not replayed on this trace yet
     best = [cells[("lockstep", n)]["histospec"] / max(cells[("lockstep", n)][c] for c in peers) for n in (8, 16)]
     deployed = [cells[("lockstep", n)]["histospec"] / cells[("lockstep", n)]["NGRAM as deployed"] for n in (8, 16)]
     return (
@@ -556,7 +574,7 @@ def lockstep_ratios(trace: str) -> str | None:
 
 def readme_drafting_rows() -> list[list[str]]:
     rows = []
-    for t in SMOLLM2_TRACES:
+    for t in SMOLLM2_TRACES + LONG_TRACES:
         measured = lockstep_ratios(t)
         if measured is not None:
             workload = f"`{t}` lockstep replay" + (", held out" if t in HELD_OUT else "")
