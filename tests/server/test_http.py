@@ -197,6 +197,7 @@ BIG = json.dumps({"input_ids": [1] * 300_000}).encode()  # ~900 KB .. 1.2 MB
         ("/generate", {"input_ids": [1], "sampling_params": {"top_p": 1.5}}, 400, "sampling_params.top_p"),
         ("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": "4"}}, 400, "max_new_tokens"),
         ("/generate", {"input_ids": [1] * 600}, 400, "input_ids"),
+        ("/generate", {"input_ids": [1], "sampling_params": {"sampling_seed": -1}}, 400, "sampling_params.sampling_seed"),
         ("/histospec/history", {"step": 1, "entries": [{"prompt_id": "z", "responses": [[1, 70]]}]}, 400,
          "entries[0].responses[0][1]"),
         ("/histospec/history", {"step": "1", "entries": []}, 400, "step"),
