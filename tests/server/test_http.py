@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from sglang_histospec.drafting.prompt_ids import token_prompt_id
 from sglang_histospec.server.client import ServerError
 from tests.helpers.server_harness import (
     LONG_RUN_TOKENS,
@@ -73,6 +74,7 @@ def test_generate_single_has_sglang_shape(spec, tok):
     assert isinstance(out, dict)
     meta = out["meta_info"]
     assert meta["id"] == "r1"
+    assert meta["prompt_id"] == token_prompt_id(body["input_ids"])  # no custom_params.prompt_id: the derived key
     assert meta["prompt_tokens"] == len(body["input_ids"])
     assert meta["completion_tokens"] == len(out["output_ids"]) <= 6
     assert meta["finish_reason"]["type"] in ("length", "stop")
