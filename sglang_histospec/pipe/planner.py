@@ -216,7 +216,8 @@ class Planner:
 
         ``backlog``: per worker, predicted time until it can start this step (one-step overlap); only
         ``histopipe`` uses it. ``overlap``: the step runs with one-step overlap (then each worker is priced at its
-        requests' predicted mean, not at their expected longest). Raises ValueError on an empty step, bad sizes or a backlog of the wrong length.
+        requests' predicted mean, not at their expected longest). Raises ValueError on an empty step, bad sizes or
+        a backlog of the wrong length.
         """
         if not (isinstance(workers, int) and workers >= 1):
             raise ValueError(f"workers={workers!r}: must be an int >= 1")
