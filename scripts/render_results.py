@@ -418,48 +418,8 @@ def render_pipe_router(doc: Path) -> str:
         ]
         for p in PIPE_POLICIES
     ]
-    cmd = (
-        "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap --router-gate "
-        "--overlap-migration stay --json"
-    )
+    cmd = "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap --router-gate --json"
     return table(["policy", "makespan s", "idle", "idle <= 10 %"], rows) + "\n" + source([res], doc, cmd)
-
-
-PIPE_FAMILIES = (("S", "S"), ("A", "A"), ("B", "B"), ("B40", "B, 40 steps"), ("smollm2", "SmolLM2 traces"))
-"""Workload families of ``pipe_sim_flags`` (name prefix, column head)."""
-
-
-def _flag_baseline(variant: str) -> str:
-    """The row a variant of ``pipe_sim_flags`` is compared with: the defaults of its mode as measured."""
-    if variant.startswith("sync"):
-        return "sync"
-    return "router" if variant.startswith("router") else "pipeline --overlap-migration off"
-
-
-def render_pipe_flags(doc: Path) -> str:
-    """Per variant: makespan over its mode's defaults, geometric mean per workload family, and the cells it
-    shortens or lengthens by more than 0.5 %."""
-    res = find("pipe_sim_flags")
-    data = res.one()
-    by = {(r["workload"], r["W"], r["variant"]): r for r in data["rows"]}
-    variants = list(dict.fromkeys(r["variant"] for r in data["rows"]))
-    rows = []
-    for v in variants:
-        base = _flag_baseline(v)
-        ratios = [(w, r["makespan"] / by[(w, n, base)]["makespan"]) for (w, n, x), r in by.items() if x == v]
-        cells = [
-            f"{statistics.geometric_mean([x for w, x in ratios if w.split()[0].split('-')[0] == f] or [1.0]):.3f}"
-            for f, _ in PIPE_FAMILIES
-        ]
-        shorter = sum(x < 0.995 for _, x in ratios)
-        longer = sum(x > 1.005 for _, x in ratios)
-        idle = statistics.mean(by[k]["idle_fraction"] for k in by if k[2] == v)
-        name = v.removeprefix("pipeline ") if v != base else f"**{v}** (defaults at `{data['commit']}`)"
-        worst = max(x for _, x in ratios)
-        rows.append([name, *cells, f"{shorter} / {longer} of {len(ratios)}", f"{worst:.3f}", pct(idle)])
-    head = ["variant", *(h for _, h in PIPE_FAMILIES), "shorter / longer", "worst", "mean idle"]
-    cmd = "python scripts/pipe_flag_matrix.py --out OUT.json"
-    return table(head, rows) + "\n" + source([res], doc, cmd)
 
 
 def render_pipe_servers(doc: Path) -> str:
@@ -639,7 +599,6 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pipe-sim": render_pipe_sim,
     "pipe-router": render_pipe_router,
     "pipe-servers": render_pipe_servers,
-    "pipe-flags": render_pipe_flags,
     "lockstep": render_lockstep,
 }
 
@@ -701,8 +660,7 @@ RUNS = (
     ),
     Run(
         "pipe_sim_router-gate",
-        "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap "
-        "--router-gate --overlap-migration stay --json | tail -1 > {out}",
+        "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap --router-gate --json | tail -1 > {out}",
         1,
     ),
     Run(
