@@ -59,8 +59,8 @@ def main() -> int:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sglang_histospec.demo.model import build_or_load_demo_model
-    from sglang_histospec.demo.task import ArithTask, TaskConfig
+    from sglang_histospec.models.demo_model import build_or_load_demo_model
+    from sglang_histospec.tasks.arith import ArithTask, TaskConfig
     from trl_integration import HistoSpecGRPOConfig, HistoSpecGRPOTrainer
 
     model_dir = args.model or str(build_or_load_demo_model(quick=args.quick))

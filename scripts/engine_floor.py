@@ -19,9 +19,9 @@ import sys
 import torch
 
 import sglang_histospec.commands.bench_engine as bench
-from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
 from sglang_histospec.engine.governor import GovernorConfig
 from sglang_histospec.engine.heap import frozen_heap
+from sglang_histospec.models.demo_model import DEMO_MODELS, build_or_load_demo_model
 
 NAMES = ("plain", "never", "histospec", "plain_aa")
 

@@ -35,7 +35,8 @@ MARKER = re.compile(r"<!-- results:(?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /resu
 NAME = re.compile(r"^(?P<what>.+)_(?P<date>\d{4}-\d{2}-\d{2})_(?P<commit>[0-9a-f]{7,40})\.(?P<ext>jsonl?|txt)$")
 LOCKSTEP = re.compile(r"^replay_(?P<trace>.+)_(?P<schedule>sequential|lockstep)\.jsonl$")
 SMOLLM2_TRACES = ("smollm2-arith", "smollm2-units", "smollm2-arith-light", "smollm2-units-light")
-HELD_OUT = {"smollm2-units", "smollm2-units-light"}
+LONG_TRACES = ("smollm2-report", "smollm2-ledger")  # 1,024-token responses (docs/data/README.md)
+HELD_OUT = {"smollm2-units", "smollm2-units-light", "smollm2-report"}
 PEERS = ("sglang-ngram", "suffix", "rhymerl")
 DRAFT_TARGET = 1.3  # tau >= 1.3x the best same-corpus peer at N = 8 and 16
 DEPLOYED_TARGET = 1.5  # tau >= 1.5x NGRAM as deployed (its trie emptied at every step)
@@ -433,48 +434,8 @@ def render_pipe_router(doc: Path) -> str:
         ]
         for p in PIPE_POLICIES
     ]
-    cmd = (
-        "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap --router-gate "
-        "--overlap-migration stay --json"
-    )
+    cmd = "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap --router-gate --json"
     return table(["policy", "makespan s", "idle", "idle <= 10 %"], rows) + "\n" + source([res], doc, cmd)
-
-
-PIPE_FAMILIES = (("S", "S"), ("A", "A"), ("B", "B"), ("B40", "B, 40 steps"), ("smollm2", "SmolLM2 traces"))
-"""Workload families of ``pipe_sim_flags`` (name prefix, column head)."""
-
-
-def _flag_baseline(variant: str) -> str:
-    """The row a variant of ``pipe_sim_flags`` is compared with: the defaults of its mode as measured."""
-    if variant.startswith("sync"):
-        return "sync"
-    return "router" if variant.startswith("router") else "pipeline --overlap-migration off"
-
-
-def render_pipe_flags(doc: Path) -> str:
-    """Per variant: makespan over its mode's defaults, geometric mean per workload family, and the cells it
-    shortens or lengthens by more than 0.5 %."""
-    res = find("pipe_sim_flags")
-    data = res.one()
-    by = {(r["workload"], r["W"], r["variant"]): r for r in data["rows"]}
-    variants = list(dict.fromkeys(r["variant"] for r in data["rows"]))
-    rows = []
-    for v in variants:
-        base = _flag_baseline(v)
-        ratios = [(w, r["makespan"] / by[(w, n, base)]["makespan"]) for (w, n, x), r in by.items() if x == v]
-        cells = [
-            f"{statistics.geometric_mean([x for w, x in ratios if w.split()[0].split('-')[0] == f] or [1.0]):.3f}"
-            for f, _ in PIPE_FAMILIES
-        ]
-        shorter = sum(x < 0.995 for _, x in ratios)
-        longer = sum(x > 1.005 for _, x in ratios)
-        idle = statistics.mean(by[k]["idle_fraction"] for k in by if k[2] == v)
-        name = v.removeprefix("pipeline ") if v != base else f"**{v}** (defaults at `{data['commit']}`)"
-        worst = max(x for _, x in ratios)
-        rows.append([name, *cells, f"{shorter} / {longer} of {len(ratios)}", f"{worst:.3f}", pct(idle)])
-    head = ["variant", *(h for _, h in PIPE_FAMILIES), "shorter / longer", "worst", "mean idle"]
-    cmd = "python scripts/pipe_flag_matrix.py --out OUT.json"
-    return table(head, rows) + "\n" + source([res], doc, cmd)
 
 
 def render_pipe_servers(doc: Path) -> str:
@@ -491,6 +452,8 @@ def render_pipe_servers(doc: Path) -> str:
 
 
 LOCKSTEP_COLUMNS = ("histospec", "NGRAM same corpus", "NGRAM as deployed", "suffix", "rhymerl", "oracle")
+LOCKSTEP_EXTRA = ("histospec / oracle", "draft us p50 / p99")
+"""Per row, after the tau columns: HistoSpec's share of the oracle and its draft latency per call in the replay."""
 
 
 def lockstep_column(row: dict) -> str | None:
@@ -521,6 +484,8 @@ def lockstep_cells(paths: list[Path]) -> tuple[dict[tuple[str, int], dict[str, f
             cell[col] = row["tau"]
             if col == "histospec" and row.get("oracle_tau") is not None:
                 cell["oracle"] = row["oracle_tau"]
+            if col == "histospec":
+                cell["draft_us"] = (row.get("draft_us_p50"), row.get("draft_us_p99"))
             commits.add(str(row.get("commit", "unknown")))
     return cells, commits
 
@@ -537,11 +502,22 @@ def lockstep_tables(results: Path, doc: Path) -> str:
     parts = []
     for trace, paths in sorted(by_trace.items()):
         cells, commits = lockstep_cells(paths)
-        rows = [[s, str(n), *(f2(c.get(col)) for col in LOCKSTEP_COLUMNS)] for (s, n), c in sorted(cells.items())]
+        rows = [[s, str(n), *(f2(c.get(col)) for col in LOCKSTEP_COLUMNS), *_lockstep_extra(c)]
+                for (s, n), c in sorted(cells.items())]  # fmt: skip
         files = ", ".join(f"[`{p.name}`]({os.path.relpath(p, doc.parent)})" for p in paths)
         where = f"{files}; commit {', '.join(f'`{c}`' for c in sorted(commits))}; {MACHINE}"
-        parts.append(f"**{trace}** ({where}):\n\n" + table(["schedule", "N", *LOCKSTEP_COLUMNS], rows))
+        parts.append(
+            f"**{trace}** ({where}):\n\n" + table(["schedule", "N", *LOCKSTEP_COLUMNS, *LOCKSTEP_EXTRA], rows)
+        )
     return "\n\n".join(parts)
+
+
+def _lockstep_extra(cell: dict) -> list[str]:
+    """HistoSpec / oracle and its draft latency (p50 / p99 us per call) for one table row; "-" where absent."""
+    ours, oracle = cell.get("histospec"), cell.get("oracle")
+    share = f"{ours / oracle:.2f}" if ours and oracle else "–"
+    p50, p99 = cell.get("draft_us", (None, None))
+    return [share, f"{p50:.0f} / {p99:.0f}" if p50 is not None and p99 is not None else "–"]
 
 
 def render_lockstep(doc: Path) -> str:
@@ -561,6 +537,8 @@ def lockstep_ratios(trace: str) -> str | None:
         return None
     cells, _ = lockstep_cells([path])
     peers = ("NGRAM same corpus", "suffix", "rhymerl")
+    if any("histospec" not in cells.get(("lockstep", n), {}) for n in (8, 16)):
+        return None  # HistoSpec not replayed on this trace yet
     best = [cells[("lockstep", n)]["histospec"] / max(cells[("lockstep", n)][c] for c in peers) for n in (8, 16)]
     deployed = [cells[("lockstep", n)]["histospec"] / cells[("lockstep", n)]["NGRAM as deployed"] for n in (8, 16)]
     return (
@@ -572,7 +550,7 @@ def lockstep_ratios(trace: str) -> str | None:
 
 def readme_drafting_rows() -> list[list[str]]:
     rows = []
-    for t in SMOLLM2_TRACES:
+    for t in SMOLLM2_TRACES + LONG_TRACES:
         measured = lockstep_ratios(t)
         if measured is not None:
             workload = f"`{t}` lockstep replay" + (", held out" if t in HELD_OUT else "")
@@ -640,7 +618,6 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pipe-sim": render_pipe_sim,
     "pipe-router": render_pipe_router,
     "pipe-servers": render_pipe_servers,
-    "pipe-flags": render_pipe_flags,
     "lockstep": render_lockstep,
 }
 
@@ -707,8 +684,7 @@ RUNS = (
     ),
     Run(
         "pipe_sim_router-gate",
-        "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap "
-        "--router-gate --overlap-migration stay --json | tail -1 > {out}",
+        "histospec bench pipe --workers 32 --prompts-per-worker 4 --modes overlap --router-gate --json | tail -1 > {out}",
         1,
     ),
     Run(

@@ -3,9 +3,10 @@
 Each cell is what ``histospec replay TRACE --drafter D --budget N --json`` prints (the histospec cell also holds the
 all-history oracle). Results are cached in ``--cache`` (one JSON object per line), so an interrupted run resumes and
 a rerun only computes new cells. ``--hs KEY=VALUE,...`` replays histospec with DrafterConfig overrides (tuning
-sweeps), labelled ``histospec[KEY=VALUE,...]``. ``--schedule`` and ``--max-running`` pick the replay's schedule; a
-peer written ``NAME@step`` (e.g. ``sglang-ngram@step``) runs with ``peer_reset="step"`` (NGRAM as deployed). Every
-row records the schedule, the peer reset and the commit it ran at.
+sweeps), labelled ``histospec[KEY=VALUE,...]``; ``--no-oracle`` skips the oracle (its cells leave ``oracle_tau``
+empty). ``--schedule`` and ``--max-running`` pick the replay's schedule; a peer written ``NAME@step`` (e.g.
+``sglang-ngram@step``) runs with ``peer_reset="step"`` (NGRAM as deployed). Every row records the schedule, the peer
+reset and the commit it ran at.
 
 Example::
 
@@ -41,7 +42,7 @@ def _overrides(text: str | None) -> dict:
     return out
 
 
-def cell(trace: str, drafter: str, budget: int, hs: dict, schedule: dict) -> dict:
+def cell(trace: str, drafter: str, budget: int, hs: dict, schedule: dict, oracle: bool = True) -> dict:
     """One replay, as ``histospec replay --json`` reports it; ``drafter`` may carry ``@step`` (peer reset)."""
     from sglang_histospec.replay.drafters.registry import build_drafter
     from sglang_histospec.replay.simulator import ReplayConfig, replay
@@ -49,9 +50,9 @@ def cell(trace: str, drafter: str, budget: int, hs: dict, schedule: dict) -> dic
 
     steps, _ = load_steps(trace)
     name, _, reset = drafter.partition("@")
-    ours = name == "histospec"
+    ours = name == "histospec" and oracle
     cfg = ReplayConfig(budget=budget, oracle=ours, progress=False, oracle_all_history=ours, **schedule)
-    opts = hs if ours else dict(PEER_OPTS.get(name, {}), peer_reset=reset or None)
+    opts = hs if name == "histospec" else dict(PEER_OPTS.get(name, {}), peer_reset=reset or None)
     res = replay(steps, build_drafter(name, budget, **opts), cfg).to_json()
     res.pop("per_step", None)
     res.update(schedule=cfg.schedule, max_running=cfg.width, peer_reset=reset or "never")
@@ -74,10 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default="build/replay_matrix.jsonl")
     ap.add_argument("--schedule", default="lockstep", choices=("lockstep", "sequential"))
     ap.add_argument("--max-running", type=int, default=None)
+    ap.add_argument("--no-oracle", action="store_true", help="skip the all-history oracle (histospec cells)")
     args = ap.parse_args(argv)
     schedule = {"schedule": args.schedule, "max_running": args.max_running}
     commit = _commit()
     hs = _overrides(args.hs)
+    oracle = not args.no_oracle
     label = "histospec" + (f"[{args.hs}]" if args.hs else "")
     cache = Path(args.cache)
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             for n in budgets:
                 if (trace, name, n) in done:
                     continue
-                res = {"trace": trace, "label": name, **cell(trace, drafter, n, hs, schedule), "commit": commit}
+                res = {
+                    "trace": trace,
+                    "label": name,
+                    **cell(trace, drafter, n, hs, schedule, oracle),
+                    "commit": commit,
+                }
                 done[(trace, name, n)] = res
                 with cache.open("a") as f:
                     f.write(json.dumps(res) + "\n")

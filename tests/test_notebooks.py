@@ -18,8 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from sglang_histospec.demo import model as demo_model
-from sglang_histospec.demo.task import TaskConfig
+from sglang_histospec.models import demo_model
+from sglang_histospec.tasks.arith import TaskConfig
 from sglang_histospec.trace.synth import SynthConfig, write_synthetic
 from tests.helpers.demo_tools import TINY
 
@@ -49,7 +49,7 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     functions on the tiny model: two real runs through the embedded engine, with and without HistoSpec."""
     from sglang_histospec.demo.report import compare_epochs, summary
     from sglang_histospec.demo.rollouts import RolloutConfig, sample_epochs
-    from sglang_histospec.demo.task import ArithTask
+    from sglang_histospec.tasks.arith import ArithTask
 
     out = tmp_path_factory.mktemp("demo-out")
     model_dir = demo_model.build_or_load_demo_model(out / "cache", config=TINY_DEMO, progress=False)

@@ -49,19 +49,3 @@ def add_admission_flag(parser: argparse.ArgumentParser) -> None:
         help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
         "later samples start with a finished sibling in the history); fifo: arrival order",
     )
-
-
-def add_sample_spread_flag(parser: argparse.ArgumentParser) -> None:
-    """``--sample-spread`` of the HistoPipe planner (``PlannerConfig.sample_spread``), default ``auto``."""
-    from sglang_histospec.pipe.planner import SAMPLE_SPREAD
-
-    parser.add_argument(
-        "--sample-spread",
-        nargs="?",
-        const="on",
-        default="auto",
-        choices=SAMPLE_SPREAD,
-        help="histopipe: price a worker's per-iteration cost at the expected longest of each piece's samples "
-        "(on; the flag alone), at their mean (off), or on for synchronous steps and off with one-step overlap "
-        "(auto, the default) (PlannerConfig.sample_spread)",
-    )

@@ -97,8 +97,8 @@ def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int
     """(prompt ids, token ids, description). Demo task prompts when the model has a tokenizer, else random ids;
     with ``--task FAMILY`` the chat task family's prompts through the tokenizer's chat template."""
     if args.task != "demo":
-        from sglang_histospec.demo.chat_tasks import make_family
-        from sglang_histospec.demo.record import chat_ids
+        from sglang_histospec.tasks.chat import make_family
+        from sglang_histospec.trace.record import chat_ids
 
         if tokenizer is None:
             raise SystemExit(f"--task {args.task} needs a model directory with a tokenizer")
@@ -106,7 +106,7 @@ def _prompts(args, tokenizer, vocab_size: int) -> tuple[list[str], list[list[int
         return [p.prompt_id for p in fam.prompts], [chat_ids(tokenizer, p.text) for p in fam.prompts], args.task
     if tokenizer is not None:
         try:
-            from sglang_histospec.demo import ArithTask
+            from sglang_histospec.tasks.arith import ArithTask
 
             task = ArithTask()
             chosen = task.prompts[: args.num_prompts]
@@ -128,7 +128,7 @@ def _engines_epoch(engines: list, prompt_ids, token_ids, args, epoch: int) -> li
     each runs the whole epoch before the next. Seconds are the sums of each engine's step times."""
     wall, cpu = [0.0] * len(engines), [0.0] * len(engines)
     results: list[list] = [[] for _ in engines]
-    from sglang_histospec.demo.rollouts import epoch_requests
+    from sglang_histospec.trace.seeding import epoch_requests
 
     before = [e.stats() for e in engines]
     for e in engines:
@@ -426,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
 
         args.model = resolve_model(args.model, progress=not args.json)
     else:
-        from sglang_histospec.demo import DEMO_MODELS, build_or_load_demo_model
+        from sglang_histospec.models.demo_model import DEMO_MODELS, build_or_load_demo_model
 
         name = "quick" if args.quick_model else args.demo_model
         args.model = str(build_or_load_demo_model(config=DEMO_MODELS[name], progress=not args.json))

@@ -19,17 +19,6 @@ from pathlib import Path
 COMMAND = ("bench", "pipe-servers")
 HELP = "HistoPipe policies through the router on real rollout servers (measured) and in the simulator (predicted)"
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "docs" / "data" / "demo_grpo_trace.jsonl.gz"
-MEAN = "histopipe-mean"
-"""The policy label of histopipe with ``PlannerConfig.sample_spread="off"`` (side by side with the default)."""
-
-
-def _planner(label: str):  # noqa: ANN202
-    """The PlannerConfig of a ``--policies`` label: a policy name, or ``MEAN``."""
-    from sglang_histospec.pipe.planner import PlannerConfig
-
-    if label == MEAN:
-        return PlannerConfig(policy="histopipe", sample_spread="off")
-    return PlannerConfig(policy=label)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"comma-separated policies; {MEAN}: histopipe with PlannerConfig.sample_spread='off'",
+        help="comma-separated policies",
     )
     parser.add_argument("--speculative-algorithm", choices=("NONE", "HISTOSPEC"), default="NONE")
     parser.add_argument("--no-migrate", dest="migrate", action="store_false", help="router without migration")
@@ -120,11 +109,9 @@ class _PolicyRun:
         from sglang_histospec.router.config import RouterConfig
         from sglang_histospec.router.router import Router
 
-        planner = _planner(policy)
         config = RouterConfig(
             backends=urls,
-            policy=planner.policy,
-            planner=planner,
+            policy=policy,
             migrate_outliers=migrate,
             health_interval_s=5.0,
             overlap=overlap,
@@ -192,13 +179,12 @@ class _PolicyRun:
 
 def _simulate(policy: str, workers: int, cost, work, overlap: bool = False) -> dict:  # noqa: ANN001
     from sglang_histospec.pipe.lengths import LengthPredictorConfig
+    from sglang_histospec.pipe.planner import PlannerConfig
     from sglang_histospec.pipe.simulator import PipeSimConfig, PipeSimulator
 
     # with overlap, the router's own rules: a step starts once the last one is complete, deferred requests run on
-    config = PipeSimConfig(
-        workers=workers, overlap=overlap, router_gate=overlap, overlap_migration="stay" if overlap else "off"
-    )
-    r = PipeSimulator(config, _planner(policy), cost, LengthPredictorConfig(2)).run(work)
+    config = PipeSimConfig(workers=workers, overlap=overlap, router_gate=overlap)
+    r = PipeSimulator(config, PlannerConfig(policy=policy), cost, LengthPredictorConfig(2)).run(work)
     span = r.makespan if overlap else sum(s.makespan for s in r.per_step)
     return {"makespan": span, "idle_fraction": r.idle_fraction,
             "migrations": r.migrations, "per_step": [s.makespan for s in r.per_step]}  # fmt: skip
@@ -238,14 +224,14 @@ def run(args: argparse.Namespace) -> int:
 
     policies = args.policies.split(",")
     if (
-        any(p not in (*POLICIES, MEAN) for p in policies)
+        any(p not in POLICIES for p in policies)
         or args.servers < 1
         or args.steps < 1
         or args.repeats < 1
         or args.length_scale <= 0
     ):
         print(
-            f"error: --policies from {(*POLICIES, MEAN)}, --servers/--steps/--repeats >= 1, --length-scale > 0",
+            f"error: --policies from {POLICIES}, --servers/--steps/--repeats >= 1, --length-scale > 0",
             file=sys.stderr,
         )
         return 2
@@ -310,6 +296,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _demo_model() -> Path:
-    from sglang_histospec.demo.model import build_or_load_demo_model
+    from sglang_histospec.models.demo_model import build_or_load_demo_model
 
     return build_or_load_demo_model(quick=True, progress=False)

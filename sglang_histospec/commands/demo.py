@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="smollm2-135m-instruct",
         help="a name of `histospec model prepare`, a model directory, or 'tiny' (the toy model)",
     )
-    parser.add_argument("--family", default="arith", help="chat task family of a real model (demo.chat_tasks)")
+    parser.add_argument("--family", default="arith", help="chat task family of a real model (tasks/chat.py)")
     parser.add_argument(
         "--policy",
         choices=("grpo", "frozen"),
@@ -122,10 +122,11 @@ def _run_llm(args: argparse.Namespace, out: Path, say: Any) -> tuple[list, dict]
 
 def _run_tiny(args: argparse.Namespace, out: Path, say: Any) -> tuple[list, dict]:
     """The toy: pretrain (cached), then two runs, with and without HistoSpec."""
-    from sglang_histospec.demo import QUICK_CONFIG, ArithTask, DemoModelConfig, build_or_load_demo_model, load_meta
     from sglang_histospec.demo.grpo import GRPORunConfig, run_grpo, trainer_available
     from sglang_histospec.demo.report import compare_epochs
     from sglang_histospec.demo.rollouts import RolloutConfig, sample_epochs
+    from sglang_histospec.models.demo_model import QUICK_CONFIG, DemoModelConfig, build_or_load_demo_model, load_meta
+    from sglang_histospec.tasks.arith import ArithTask
 
     progress = not args.no_progress
     model_dir = build_or_load_demo_model(args.cache_dir, quick=args.quick, progress=progress)

@@ -18,8 +18,6 @@ HELP = "simulate a trace's rollout steps on W workers under a HistoPipe policy (
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Cost model, predictor and planner flags shared with ``histospec bench pipe``."""
-    from sglang_histospec.commands._flags import add_sample_spread_flag
-    from sglang_histospec.pipe.simulator import OVERLAP_MIGRATION
     from sglang_histospec.pipe.worker_cost import CostModelConfig
 
     d = CostModelConfig()
@@ -43,39 +41,21 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="tier 2 sizes pieces for this quantile of observed actual/predicted length ('none': as predicted; "
         "'auto': 0.9 with --overlap, none without)",
     )
-    add_sample_spread_flag(p)
     p.add_argument("--outlier-factor", type=float, default=1.5)
     p.add_argument("--tail-fraction", type=float, default=0.10)
     p.add_argument(
         "--max-deferrals",
         type=int,
         default=1,
-        help="overlap: times one outlier may be deferred (each: one more step stale)",
-    )
-    p.add_argument(
-        "--defer-step-factor",
-        type=float,
-        default=None,
-        help="overlap: also defer a tail request past this x the step's mean predicted length (default: off)",
-    )
-    p.add_argument(
-        "--overlap-migration",
-        choices=OVERLAP_MIGRATION,
-        default="off",
-        help="overlap: where stragglers go (off: deferred ones to the next step's least-loaded worker; drain: to an "
-        "idle worker, and the last step's to idle workers; always: also those deferred --max-deferrals times; "
-        "stay: deferred ones keep running where they are, as the router does)",
+        help="overlap: times one outlier may be deferred (more: shorter runs, but each deferral leaves its "
+        "response one more step off-policy)",
     )
     p.add_argument(
         "--router-gate",
         action="store_true",
-        help="overlap: step s starts once step s-1 is complete, on every worker at once (the router's overlap; "
-        "with --overlap-migration stay it models histospec route --overlap)",
-    )
-    p.add_argument(
-        "--steal",
-        action="store_true",
-        help="overlap: a waiting worker takes part of a late worker's unstarted share of its step",
+        help="overlap: model histospec route --overlap instead of the pipeline (step s starts once step s-1 is "
+        "complete, on every worker at once; deferred requests keep running where they are; nothing migrates or is "
+        "stolen; the router's defer step factor)",
     )
 
 
@@ -110,11 +90,9 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
         length_quantile=args.quantile,
         split=args.split,
         split_error_quantile=_split_quantile(args.split_error_quantile, overlap),
-        sample_spread=args.sample_spread,
         outlier_factor=args.outlier_factor,
         tail_fraction=args.tail_fraction,
         max_deferrals=args.max_deferrals,
-        defer_step_factor=args.defer_step_factor,
     )
     return PipeSimulator(
         PipeSimConfig(
@@ -122,8 +100,6 @@ def build_simulator(args: argparse.Namespace, policy: str, workers: int, overlap
             overlap=overlap,
             outliers=args.outliers,
             oracle=oracle,
-            overlap_migration=args.overlap_migration,
-            steal=args.steal,
             router_gate=args.router_gate,
         ),
         planner,

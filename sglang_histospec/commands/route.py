@@ -16,7 +16,6 @@ HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sglang_histospec.commands._flags import add_sample_spread_flag
     from sglang_histospec.pipe.planner import POLICIES
     from sglang_histospec.router.recovery import REPLAY_MAX_BYTES, REPLAY_STEPS
 
@@ -48,14 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one-step overlap (one step off-policy): a step returns without its deferred stragglers, which come "
         "back with the next step ('carried') or POST /histopipe/drain",
     )
-    parser.add_argument("--max-deferrals", type=int, default=1, help="with --overlap: times a request may be deferred")
     parser.add_argument(
-        "--defer-step-factor",
-        type=float,
-        default=None,
-        help="with --overlap: in the tail, also defer a request past this x the step's mean predicted length",
+        "--max-deferrals",
+        type=int,
+        default=1,
+        help="with --overlap: times a request may be deferred (more: shorter steps, but each deferral leaves its "
+        "response one more step off-policy)",
     )
-    add_sample_spread_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
             planner=PlannerConfig(
                 policy=args.policy,
                 max_deferrals=args.max_deferrals,
-                defer_step_factor=args.defer_step_factor,
-                sample_spread=args.sample_spread,
             ),
         )
     except ValueError as exc:

@@ -2,7 +2,7 @@
 
 Example: ``histospec trace record --model smollm2-135m-instruct --family arith --epochs 8 --out arith.jsonl.gz``.
 Resumable: rerun the same command after an interruption (finished epochs are kept in ``--work-dir``). Every
-``RecordConfig`` field is a flag (``sglang_histospec/demo/record.py``); one JSON line per epoch is printed as it ends.
+``RecordConfig`` field is a flag (``sglang_histospec/trace/record.py``); one JSON line per epoch is printed as it ends.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ HELP = "record a real GRPO trace (chat task families, SmolLM2 or any Llama/Qwen 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from sglang_histospec.commands._flags import add_config_flags
-    from sglang_histospec.demo.record import RecordConfig
+    from sglang_histospec.trace.record import RecordConfig
 
     parser.add_argument("--out", required=True, help="trace path (.jsonl or .jsonl.gz)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="a model name or directory")
@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sglang_histospec.commands._flags import config_from_flags
-    from sglang_histospec.demo.record import RecordConfig, record_trace
     from sglang_histospec.models import resolve_model
+    from sglang_histospec.trace.record import RecordConfig, record_trace
 
     try:
         cfg = config_from_flags(RecordConfig, args)

@@ -1,7 +1,7 @@
 """The demo on a real chat LLM: a chat task family as a GRPO task, and a cached supervised warm-up of the policy.
 
 ``histospec demo`` (default ``--model smollm2-135m-instruct``) prepares the model (``histospec model prepare``),
-warms it up once on reference solutions of problems outside the prompt set (``record.warmup``, cached like the toy
+warms it up once on reference solutions of problems outside the prompt set (``trace.record.warmup``, cached like the toy
 model's pretraining), then runs one GRPO run with ``HistoSpecGRPOTrainer`` whose every rollout is replayed on a
 plain-decoding server with the same weights (``GRPORunConfig.side_by_side``).
 
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sglang_histospec.demo.chat_tasks import HELD_OUT, ChatFamily, make_family
 from sglang_histospec.demo.grpo import GRPORunConfig
-from sglang_histospec.demo.record import RecordConfig, chat_ids
 from sglang_histospec.models import cached_build, default_cache_dir
+from sglang_histospec.tasks.chat import HELD_OUT, ChatFamily, make_family
+from sglang_histospec.trace.record import RecordConfig, chat_ids
 
 WARMUP_FORMAT = 1
 """Bump when the warm-up recipe or the saved layout changes, so stale cached policies are not reused."""
@@ -126,7 +126,7 @@ def _warm_up(base_dir: str | os.PathLike, cfg: RecordConfig, out: Path, progress
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sglang_histospec.demo.record import warmup
+    from sglang_histospec.trace.record import warmup
 
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)

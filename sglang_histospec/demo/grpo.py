@@ -178,7 +178,7 @@ def _trainer(model_dir: str | os.PathLike, rows: list[dict], run: _Run, url: str
     from transformers import AutoModelForCausalLM, PrinterCallback
     from transformers.utils import logging as hf_logging
 
-    from sglang_histospec.demo.record import trainable_params
+    from sglang_histospec.trace.record import trainable_params
     from trl_integration import HistoSpecGRPOConfig, HistoSpecGRPOTrainer
 
     cfg = run.config

@@ -1,7 +1,7 @@
 """Configuration, request and result types of the embedded torch engine (no torch import here).
 
-The server validates HTTP input into these dataclasses without importing torch; only ``engine/engine.py`` imports
-torch and transformers. Example::
+The HTTP server converts a request body into these dataclasses once, without importing torch
+(``server/schemas.py``, ``to_generate_requests``); only ``engine/engine.py`` imports torch and transformers. Example::
 
     from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
     from sglang_histospec.engine.engine import Engine        # imports torch + transformers
@@ -66,6 +66,8 @@ class SamplingParams:
     seed_offset: int = 0
     """Output token j is drawn with the seeded stream's uniform ``seed_offset + j``: a request resumed from
     prompt + its first k output tokens with ``seed_offset=k`` emits the tokens the original would have emitted."""
+    skip_special_tokens: bool = True
+    """Detokenizing the output (the server's ``text``) drops special tokens; the engine itself ignores it."""
 
     def __post_init__(self) -> None:
         if (
@@ -89,6 +91,8 @@ class SamplingParams:
             raise ValueError(f"seed={self.seed!r}; use an int >= 0 or None")
         if isinstance(self.seed_offset, bool) or not isinstance(self.seed_offset, int) or self.seed_offset < 0:
             raise ValueError(f"seed_offset={self.seed_offset!r}; use an int >= 0 (0 = a fresh request)")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ValueError(f"skip_special_tokens={self.skip_special_tokens!r}; use True or False")
 
     @property
     def is_greedy(self) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from sglang_histospec.pipe.lengths import LengthEstimate
 from sglang_histospec.pipe.planner import (
+    DEFER_STEP_FACTOR,
     PlannerConfig,
     defer_threshold,
     in_tail,
@@ -107,12 +108,14 @@ def pick_deferrals(
     tokens_per_s: float | None,
     config: PlannerConfig,
     step_mean: float,
+    step_factor: float = DEFER_STEP_FACTOR["router"],
 ) -> list[int]:
     """Keys of the running requests that one-step overlap defers now, longest overrun first.
 
     The simulator's rule: while the step is in its tail, a request past :func:`defer_threshold` (``step_mean``:
-    the step's mean predicted length) that was deferred fewer than ``max_deferrals`` times. As with
-    :func:`pick_migrations`, nothing is judged without a decode rate or against no history.
+    the step's mean predicted length; ``step_factor``: the router's ``DEFER_STEP_FACTOR``) that was deferred fewer
+    than ``max_deferrals`` times. As with :func:`pick_migrations`, nothing is judged without a decode rate or
+    against no history.
 
     Example: ``pick_deferrals([InFlight(7, 0, 3.0, 0, LengthEstimate(100.0, {0.9: 120.0}, 8, True))], 1, 16,
     60.0, PlannerConfig(), 100.0) == [7]`` (about 180 tokens > 150).
@@ -121,7 +124,11 @@ def pick_deferrals(
     if tokens_per_s is None or not in_tail(unfinished, total, config):
         return []
     open_ = [f for f in flights if f.deferrals < config.max_deferrals]
-    return [f.key for f in _overruns(open_, tokens_per_s, lambda f: defer_threshold(f.estimate, config, step_mean))]
+
+    def limit(f: InFlight) -> float:
+        return defer_threshold(f.estimate, config, step_mean, step_factor)
+
+    return [f.key for f in _overruns(open_, tokens_per_s, limit)]
 
 
 def backlog_s(flights: Sequence[InFlight], workers: int, tokens_per_s: float | None, cost: CostModel) -> list[float]:

@@ -18,8 +18,11 @@ from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor
 from sglang_histospec.pipe.worker_cost import CostModel
 
 POLICIES = ("round-robin", "lpt", "histopipe")
-SAMPLE_SPREAD = ("auto", "on", "off")
-"""Values of :attr:`PlannerConfig.sample_spread`."""
+DEFER_STEP_FACTOR = {"pipeline": 2.0, "router": 3.0}
+"""With one-step overlap, a request in its step's tail is also deferred once it has emitted more than this times
+the step's mean predicted length (:func:`defer_threshold`), even when its own history predicted it long: in the
+simulator's pipeline (``pipeline``) and in the router (``router``; ``PipeSimConfig.router_gate`` models it).
+Measured: docs/results.md, "HistoPipe"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,25 +56,8 @@ class PlannerConfig:
     max_deferrals: int = 1
     """With one-step overlap: how many times one outlier may be deferred to the next step. Each deferral lets
     its step complete without it, and the response then spans one more weight version (1 = one step off-policy)."""
-    defer_step_factor: float | None = None
-    """With one-step overlap: in the tail, also defer a request that has emitted more than this times the step's
-    mean predicted length, even when its own history predicted it long (a straggler the step need not wait
-    for); None = judge each request against its own prompt's history only."""
-    sample_spread: str = "auto"
-    """histopipe (one of ``SAMPLE_SPREAD``): ``on`` prices a worker's fixed per-iteration cost at the expected
-    longest of each piece's samples (:func:`longest_length`, from the spread of the prompt's history: its 0.5 and
-    0.9 quantiles) instead of at their predicted mean, since a worker decodes until its longest request ends;
-    ``off`` prices it at the mean; ``auto`` is ``on`` for synchronous steps and ``off`` with one-step overlap
-    (``Planner.plan(..., overlap=True)``). Measured with ``histospec bench pipe`` (2026-12-04): shorter synchronous
-    steps, a wash with one-step overlap."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.sample_spread, bool):  # the boolean of earlier releases
-            self.sample_spread = "on" if self.sample_spread else "off"
-        if self.sample_spread not in SAMPLE_SPREAD:
-            raise ValueError(
-                f"PlannerConfig.sample_spread={self.sample_spread!r}: choose one of {', '.join(SAMPLE_SPREAD)}"
-            )
         if self.policy not in POLICIES:
             raise ValueError(f"PlannerConfig.policy={self.policy!r}: choose one of {', '.join(POLICIES)}")
         if self.length_quantile is not None and not 0.0 <= self.length_quantile <= 1.0:
@@ -82,8 +68,6 @@ class PlannerConfig:
             raise ValueError(f"PlannerConfig.search_iters={self.search_iters!r}: must be an int >= 0")
         if not self.outlier_factor >= 1.0:
             raise ValueError(f"PlannerConfig.outlier_factor={self.outlier_factor!r}: must be >= 1")
-        if self.defer_step_factor is not None and not self.defer_step_factor > 0:
-            raise ValueError(f"PlannerConfig.defer_step_factor={self.defer_step_factor!r}: must be > 0 or None")
         if not (isinstance(self.max_deferrals, int) and self.max_deferrals >= 1):
             raise ValueError(f"PlannerConfig.max_deferrals={self.max_deferrals!r}: must be an int >= 1")
         if not 0.0 <= self.tail_fraction <= 1.0:
@@ -231,8 +215,9 @@ class Planner:
         """Place every request of ``groups`` on ``workers`` workers.
 
         ``backlog``: per worker, predicted time until it can start this step (one-step overlap); only
-        ``histopipe`` uses it. ``overlap``: the step runs with one-step overlap (``sample_spread="auto"`` then
-        prices at the mean). Raises ValueError on an empty step, bad sizes or a backlog of the wrong length.
+        ``histopipe`` uses it. ``overlap``: the step runs with one-step overlap (then each worker is priced at its
+        requests' predicted mean, not at their expected longest). Raises ValueError on an empty step, bad sizes or
+        a backlog of the wrong length.
         """
         if not (isinstance(workers, int) and workers >= 1):
             raise ValueError(f"workers={workers!r}: must be an int >= 1")
@@ -246,8 +231,7 @@ class Planner:
         estimates = [lengths.predict(g.prompt_id) for g in groups]
         predicted = [max(1.0, self.predict(e)) for e in estimates]
         policy = self.config.policy
-        mode = self.config.sample_spread
-        spread = policy == "histopipe" and (mode == "on" or (mode == "auto" and not overlap))  # lpt: textbook
+        spread = policy == "histopipe" and not overlap  # lpt: textbook; overlap: priced at the mean
         spreads = [length_spread(e) if spread else 0.0 for e in estimates]
         if policy == "round-robin":
             pieces = [(i, g.size) for i, g in enumerate(groups)]
@@ -274,7 +258,7 @@ class Planner:
     # ---- tier 2 ----------------------------------------------------------------------------------------------
     def piece_time(self, group: Group, length: float, samples: int, spread: float = 0.0) -> float:
         """Predicted time of ``samples`` requests of ``group`` alone on a worker (one point of its cost curve);
-        ``spread``: the log-spread of their lengths (``PlannerConfig.sample_spread``; 0 = all of length ``length``)."""
+        ``spread``: the log-spread of their lengths (0 = all of length ``length``)."""
         if spread <= 0.0:
             return self.cost.same_time(group.prompt_len, int(round(length)), samples)
         load = _Load()
@@ -312,7 +296,7 @@ class Planner:
         """Binary search on the target time; returns the piece sizes with the smallest predicted makespan.
 
         Pieces are sized for lengths ``margin`` times the prediction (see ``split_error_quantile``) and priced with
-        the groups' ``spreads`` (``PlannerConfig.sample_spread``; 0 = every sample at its group's prediction).
+        the groups' ``spreads`` (0 = every sample at its group's prediction).
         """
         if not groups:
             return None
@@ -429,15 +413,15 @@ def outlier_threshold(estimate: LengthEstimate, config: PlannerConfig) -> float:
     return max(config.outlier_factor * estimate.mean, estimate.quantile(0.9))
 
 
-def defer_threshold(estimate: LengthEstimate, config: PlannerConfig, step_mean: float) -> float:
-    """Tokens past which one-step overlap defers a running request: :func:`outlier_threshold`, and with
-    ``defer_step_factor`` F at most F x ``step_mean`` (the mean predicted length of the request's step).
+def defer_threshold(estimate: LengthEstimate, config: PlannerConfig, step_mean: float, step_factor: float) -> float:
+    """Tokens past which one-step overlap defers a running request: :func:`outlier_threshold`, at most
+    ``step_factor`` x ``step_mean`` (the mean predicted length of the request's step; ``DEFER_STEP_FACTOR``).
 
-    Example: mean 100, p90 140, factor 1.5: 150; with ``defer_step_factor=2`` and a step mean of 60: 120.
+    Example: mean 100, p90 140, factor 1.5: with ``step_factor=2`` and a step mean of 60: 120; of 100: 150.
     """
-    limit = outlier_threshold(estimate, config)
-    f = config.defer_step_factor
-    return limit if f is None else min(limit, f * step_mean)
+    if not step_factor > 0:
+        raise ValueError(f"step_factor={step_factor!r}: must be > 0 (see DEFER_STEP_FACTOR)")
+    return min(outlier_threshold(estimate, config), step_factor * step_mean)
 
 
 def remaining_length(estimate: LengthEstimate, emitted: float) -> int:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
 from sglang_histospec.pipe.planner import (
+    DEFER_STEP_FACTOR,
     Group,
     Planner,
     PlannerConfig,
@@ -27,8 +28,6 @@ from sglang_histospec.pipe.planner import (
 from sglang_histospec.pipe.worker_cost import CostModel
 from sglang_histospec.pipe.worker_sim import WorkerSim
 
-OVERLAP_MIGRATION = ("off", "drain", "always", "stay")
-"""Values of :attr:`PipeSimConfig.overlap_migration`."""
 CHECK_INTERVAL = 0.01
 """Outlier scans of a step's tail are at least this share of the step's elapsed time apart."""
 
@@ -65,33 +64,16 @@ class PipeSimConfig:
     oracle: bool = False
     """Plan every step with its realized lengths (each group's mean) instead of history: a reference that
     separates prediction error from what placement alone can reach."""
-    overlap_migration: str = "off"
-    """With overlap, where stragglers go (one of ``OVERLAP_MIGRATION``; opt-in: docs/results.md, "HistoPipe",
-    says when). ``off``: a deferred request continues on the worker of the next step with the fewest
-    requests, and one that may not be deferred stays. ``drain``: a deferred request continues on an idle worker
-    when there is one (alone: no batch-mates slow it), and in the last step (nothing to defer to) a straggler
-    past the deferral threshold moves to an idle worker, as in synchronous mode. ``always``: also mid-run, a
-    straggler deferred ``max_deferrals`` times moves to an idle worker. Each request migrates at most once.
-    ``stay``: a deferred request keeps running on its worker without a pause, beside the worker's share of the
-    next step (what the router does with a backend that updates its weights in flight; nothing migrates)."""
     router_gate: bool = False
-    """With overlap: step s starts only once step s-1 is complete (its requests answered or deferred), on every
-    worker at once: the router's overlap, where the client's next step call comes when the step call returns.
-    With ``overlap_migration="stay"`` this models :meth:`Router.overlap_step`; False = the pipeline above."""
-    steal: bool = False
-    """With overlap (opt-in, like ``overlap_migration``): a worker that has finished its share of a step and would
-    wait takes part of the unstarted share of the same step from a worker still on an earlier step (late binding:
-    the plan's backlog estimates miss stragglers). The two split that share longest predicted first, each request
-    to the one predicted to finish first (:meth:`CostModel.batch_time`, the other after draining its work)."""
+    """With overlap, model the router's overlap (:meth:`Router.overlap_step`) instead of the pipeline: step s
+    starts only once step s-1 is complete (its requests answered or deferred), on every worker at once (the
+    client's next step call comes when the step call returns); a deferred request keeps running on its worker
+    without a pause, beside the worker's share of the next step (nothing migrates, nothing is stolen); and the
+    deferral threshold uses ``DEFER_STEP_FACTOR["router"]``. False: the pipeline (:class:`PipeSimulator`)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.workers, int) and self.workers >= 1):
             raise ValueError(f"PipeSimConfig.workers={self.workers!r}: must be an int >= 1")
-        if self.overlap_migration not in OVERLAP_MIGRATION:
-            raise ValueError(
-                f"PipeSimConfig.overlap_migration={self.overlap_migration!r}: choose one of "
-                f"{', '.join(OVERLAP_MIGRATION)}"
-            )
 
 
 @dataclass(slots=True)
@@ -187,10 +169,13 @@ class PipeSimulator:
     worker (aborted and resubmitted with prompt + partial output, which that worker prefills again; the partial
     tokens are kept), or, with overlap, deferred: taken off its worker and finished as part of the next step,
     which lets its step complete. A request is migrated at most once and deferred at most ``max_deferrals`` times;
-    with ``defer_step_factor`` a straggler past that many times the step's mean predicted length is deferred too.
-    With overlap, ``overlap_migration`` (:class:`PipeSimConfig`) says whether a deferred request continues on an idle
-    worker and whether a straggler that may not be deferred (of the last step; with ``always`` any) migrates to one,
-    and ``steal`` lets a worker that would wait take unstarted requests of its step from a worker that is late.
+    a straggler past ``DEFER_STEP_FACTOR["pipeline"]`` times its step's mean predicted length is deferred too.
+    With overlap the pipeline also drains and steals: a deferred request continues on an idle worker when there
+    is one (alone: no batch-mates slow it), else on the next step's worker with the fewest requests; in the last
+    step (nothing to defer to) a straggler past the deferral threshold moves to an idle worker, as in synchronous
+    mode; and a worker that has finished its share of a step and would wait takes part of the unstarted share of
+    the same step from a worker still on an earlier step (late binding: the plan's backlog estimates miss
+    stragglers). ``router_gate`` (:class:`PipeSimConfig`) models the router's overlap instead.
 
     Metrics: ``makespan`` (end of the last step), ``lower_bound`` (synchronous: the sum over steps of
     max(longest request alone, total work / W); overlap: the larger of max(longest request alone, total work of the
@@ -306,12 +291,12 @@ class _Run:
                 self._start_keys(w, s, keys, t)
             self.out[w] = len(keys)
             self._schedule(w)
-        if self.cfg.overlap and self.cfg.steal and self.out[w] == 0 and self.workers[w].is_idle():
+        if self.cfg.overlap and not self.cfg.router_gate and self.out[w] == 0 and self.workers[w].is_idle():
             self._steal(w, t)
 
     def _steal(self, u: int, t: float) -> None:
-        """Idle worker ``u`` takes part of the unstarted share of its step (see ``PipeSimConfig.steal``) from the
-        worker with the most unstarted requests there that is still on an earlier step."""
+        """Idle worker ``u`` takes part of the unstarted share of its step from the worker with the most unstarted
+        requests there that is still on an earlier step (the pipeline with overlap: :class:`PipeSimulator`)."""
         s = self.cur[u]
         victims = [v for v in range(len(self.workers)) if v != u and self.cur[v] < s and self.todo.get((s, v))]
         if s < 0 or not victims:
@@ -460,14 +445,14 @@ class _Run:
             return "migrate" if r.moves < 1 else None
         if r.moves < self.pcfg.max_deferrals and r.step + 1 < len(self.steps):
             return "defer"
-        rule = self.cfg.overlap_migration
         last = r.step + 1 == len(self.steps)
-        return "migrate" if not r.migrated and (rule == "always" or (rule == "drain" and last)) else None
+        return "migrate" if last and not r.migrated and not self.cfg.router_gate else None
 
     def _threshold(self, s: int, r: _Req) -> float:
         """Tokens past which running request ``r`` of step ``s`` is acted on (see ``PlannerConfig``)."""
         if self.cfg.overlap:
-            return defer_threshold(r.estimate, self.pcfg, self.step_mean[s])
+            factor = DEFER_STEP_FACTOR["router" if self.cfg.router_gate else "pipeline"]
+            return defer_threshold(r.estimate, self.pcfg, self.step_mean[s], factor)
         return outlier_threshold(r.estimate, self.pcfg)
 
     def _tail_changed(self) -> bool:
@@ -541,7 +526,7 @@ class _Run:
         s = self.reqs[key].step
         if s + 1 >= len(self.steps) or key not in self.workers[w].running:
             return True
-        if self.cfg.overlap_migration == "stay":
+        if self.cfg.router_gate:
             return self._relabel(key, w, t)
         r = self._take(key, w, t)
         if r is None:
@@ -550,7 +535,7 @@ class _Run:
         self.moves[s] += 1
         self.unfinished[s] -= 1
         ahead = [v for v in range(len(self.workers)) if self.cur[v] == s + 1]
-        idle = self._hosts(s + 1, w) if self.cfg.overlap_migration != "off" else []
+        idle = self._hosts(s + 1, w)
         if idle:  # an idle worker takes it at once, alone
             self._resume(key, idle[0], t)
         elif ahead:  # a worker already on the next step takes it at once
@@ -569,7 +554,7 @@ class _Run:
         return True
 
     def _relabel(self, key: tuple, w: int, t: float) -> bool:
-        """Defer running ``key`` where it runs (``overlap_migration="stay"``): it counts for the next step and no
+        """Defer running ``key`` where it runs (``router_gate``): it counts for the next step and no
         longer holds worker ``w`` on its step."""
         r = self.reqs[key]
         s = r.step

@@ -60,8 +60,8 @@ class RouterConfig:
     max_inflight: int = 256
     """With migration: at most this many /generate calls in flight at once (the rest wait in the router)."""
     planner: PlannerConfig | None = None
-    """Outlier rule (``outlier_factor``, ``tail_fraction``, with overlap ``max_deferrals`` and
-    ``defer_step_factor``) and planner settings; None = defaults with ``policy``."""
+    """Outlier rule (``outlier_factor``, ``tail_fraction``, with overlap ``max_deferrals``; the step factor of
+    deferral is ``DEFER_STEP_FACTOR["router"]``) and planner settings; None = defaults with ``policy``."""
     overlap: bool = False
     """One-step overlap, opt-in (its data is one step off-policy): a step (:meth:`Router.overlap_step`,
     ``POST /histopipe/step``) returns once the requests the deferral rule does not defer are answered; deferred

@@ -65,10 +65,10 @@ class Flights:
     joined; ``meta_info.histopipe.migrated_from`` names the first backend.
 
     With ``defer`` (one-step overlap) the deferral rule replaces migration: a request past its deferral threshold
-    (``pick_deferrals``: ``outlier_factor``, ``max_deferrals``, ``defer_step_factor``) is no longer waited for and
-    :meth:`run` returns without it; it keeps running on its backend. Items ``[0, own)`` are the step's own; after
-    them come the requests that ``carry`` (the previous step call's instance) deferred and that still run, taken
-    over with their backend calls.
+    (``pick_deferrals``: ``outlier_factor``, ``max_deferrals``, ``DEFER_STEP_FACTOR["router"]``) is no longer
+    waited for and :meth:`run` returns without it; it keeps running on its backend. Items ``[0, own)`` are the
+    step's own; after them come the requests that ``carry`` (the previous step call's instance) deferred and that
+    still run, taken over with their backend calls.
     """
 
     def __init__(

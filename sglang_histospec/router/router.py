@@ -29,10 +29,10 @@ from sglang_histospec.server.schemas import (
     RequestLimits,
     StepBody,
     check_generate_body,
+    check_generate_for_model,
     item_rids,
     sample_rid,
     step_to_generate_body,
-    to_generation_inputs,
     to_history_entries,
 )
 
@@ -137,13 +137,12 @@ class Router:
         return self._model_limits
 
     def validate_generate(self, body: GenerateBody, limits: RequestLimits | None = None) -> None:
-        """The server's validation of a /generate body: all of it for ``input_ids`` bodies once the model is
-        known, all but the token-level checks for ``text`` (the backend tokenizes and checks those)."""
-        limits = limits or self.config.limits
-        check_generate_body(body, limits)
+        """The server's validation of a /generate body, with the server's functions: all of it for ``input_ids``
+        bodies once the model is known, all but the model checks for ``text`` (the backend tokenizes and checks)."""
+        check_generate_body(body, limits or self.config.limits)
         model = self.model_limits()
         if body.text is None and model is not None:
-            to_generation_inputs(body, model, None, limits)
+            check_generate_for_model(body, model)
 
     # ---- a whole step ------------------------------------------------------------------------------------
     def step(self, body: StepBody, on_rids: Callable[[list[str]], None] | None = None) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from sglang_histospec.engine.types import GenerateRequest
 from sglang_histospec.server.history_routes import history_router
 from sglang_histospec.server.http_api import (
     ApiError,
@@ -36,15 +36,14 @@ from sglang_histospec.server.http_api import (
 )
 from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.metrics import ServerCounters, prometheus_text
-from sglang_histospec.server.protocol import Backend, BackendError, GenerationInput, GenerationOutput
+from sglang_histospec.server.protocol import Backend, BackendError, GenerationOutput
 from sglang_histospec.server.schemas import (
     AbortRequestBody,
     GenerateBody,
     RequestLimits,
     UpdateWeightsFromDiskBody,
-    check_generate_body,
     is_batch,
-    to_generation_inputs,
+    to_generate_requests,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class AppConfig:
             raise ValueError(f"AppConfig.max_request_bytes={self.max_request_bytes!r}: must be >= 1")
 
 
-def _sglang_item(out: GenerationOutput, req: GenerationInput, with_token_text: bool, backend: Backend) -> dict:
+def _sglang_item(out: GenerationOutput, req: GenerateRequest, with_token_text: bool, backend: Backend) -> dict:
     """One element of SGLang's /generate response."""
     n = len(out.output_ids)
     meta: dict[str, Any] = {
@@ -124,19 +123,17 @@ def create_app(backend: Backend, config: AppConfig | None = None) -> FastAPI:
 
 
 def _add_generate_route(app: FastAPI, backend: Backend, config: AppConfig, counters: ServerCounters) -> None:
-    """``POST /generate``: validate, tokenize off the loop, generate (aborted if the client goes away), answer."""
+    """``POST /generate``: convert and validate once (off the loop: tokenizing, big batches), generate (aborted if the
+    client goes away), answer."""
 
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> Response:
         received = time.time()
         limits = backend.limits()
-        check_generate_body(body, config.limits)  # cheap, on the loop: refuses oversized input before any work
         tokenize = backend.tokenize if limits.has_tokenizer else None
-        # tokenizing (and validating big batches) runs off the event loop: /health stays responsive
-        inputs = await asyncio.to_thread(to_generation_inputs, body, limits, tokenize, config.limits)
-        for item in inputs:
-            item.rid = item.rid or uuid.uuid4().hex
-        outputs = await _generate_until_disconnect(backend, inputs, request, config.disconnect_poll_s, counters)
+        # the client limits are checked before tokenizing; both run off the event loop: /health stays responsive
+        reqs = await asyncio.to_thread(to_generate_requests, body, limits, tokenize, config.limits)
+        outputs = await _generate_until_disconnect(backend, reqs, request, config.disconnect_poll_s, counters)
         for out in outputs:
             counters.observe(
                 prompt_tokens=out.prompt_tokens,
@@ -146,7 +143,7 @@ def _add_generate_route(app: FastAPI, backend: Backend, config: AppConfig, count
                 accepted=out.spec_accept_token_num,
                 finish_type=str(out.finish_reason.get("type")),
             )
-        items = [_sglang_item(o, r, body.return_text_in_logprobs, backend) for o, r in zip(outputs, inputs)]
+        items = [_sglang_item(o, r, body.return_text_in_logprobs, backend) for o, r in zip(outputs, reqs)]
         answered = time.time()
         for item in items:  # wall clock of this server (HistoPipe measures busy time from it)
             item["meta_info"]["server_received"], item["meta_info"]["server_answered"] = received, answered
@@ -154,16 +151,16 @@ def _add_generate_route(app: FastAPI, backend: Backend, config: AppConfig, count
 
 
 async def _generate_until_disconnect(
-    backend: Backend, inputs: list[GenerationInput], request: Request, poll_s: float, counters: ServerCounters
+    backend: Backend, reqs: list[GenerateRequest], request: Request, poll_s: float, counters: ServerCounters
 ) -> list[GenerationOutput]:
-    """``backend.generate(inputs)``; if the client goes away meanwhile, its requests are aborted (they finish with
+    """``backend.generate(reqs)``; if the client goes away meanwhile, its requests are aborted (they finish with
     what they have) and the disconnect is counted."""
-    task = asyncio.ensure_future(backend.generate(inputs))
+    task = asyncio.ensure_future(backend.generate(reqs))
     while not task.done():
         await asyncio.wait({task}, timeout=poll_s)
         if not task.done() and await request.is_disconnected():
             # nobody will read the answer: stop the work
-            await backend.abort([item.rid for item in inputs if item.rid is not None])
+            await backend.abort([item.rid for item in reqs])
             await asyncio.wait({task})
             counters.add("client_disconnects")
     return task.result()

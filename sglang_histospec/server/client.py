@@ -105,7 +105,7 @@ class HistoSpecClient:
         rids: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
         """One batched /generate call; returns SGLang's response items (``text``, ``output_ids``, ``meta_info``)
-        in prompt order. ``prompt_ids[i]`` is the history key of prompt i (None = no history)."""
+        in prompt order. ``prompt_ids[i]`` is the history key of prompt i (None = the key derived from its tokens)."""
         n = len(input_ids)
         if prompt_ids is not None and len(prompt_ids) != n:
             raise ValueError(f"prompt_ids has {len(prompt_ids)} items for {n} prompts")

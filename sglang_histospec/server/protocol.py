@@ -1,10 +1,11 @@
 """What the HTTP layer asks of a rollout backend (torch engine or SGLang), as plain data; no torch import.
 
-The routes validate every request into these dataclasses, then call a ``HistoryBackend`` (the history routes; both
-backends are one) or a full ``Backend`` (the other routes of ``server/app.py``: the torch engine). A backend never
-sees raw JSON and never validates shapes; it may still fail (``BackendError``) on a state problem. Example::
+The routes convert every /generate body once into the engine's requests (``engine.types.GenerateRequest``, by
+``server/schemas.py``), then call a ``HistoryBackend`` (the history routes; both backends are one) or a full
+``Backend`` (the other routes of ``server/app.py``: the torch engine). A backend never sees raw JSON and never
+validates shapes; it may still fail (``BackendError``) on a state problem. Example::
 
-    req = GenerationInput(input_ids=[1, 5, 7], max_new_tokens=4, temperature=0.0)
+    req = GenerateRequest(rid="r0", input_ids=[1, 5, 7], prompt_id="p0", sampling=SamplingParams(max_new_tokens=4))
     [out] = await backend.generate([req])
     out.output_ids            # e.g. [9, 9, 2]
     out.finish_reason         # {"type": "stop", "matched": 2}
@@ -12,8 +13,10 @@ sees raw JSON and never validates shapes; it may still fail (``BackendError``) o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+from sglang_histospec.engine.types import GenerateRequest
 
 
 class BackendError(RuntimeError):
@@ -51,33 +54,6 @@ class ModelLimits:
     """Prompt tokens + max_new_tokens must not exceed this."""
     has_tokenizer: bool = True
     """False: ``text`` prompts are refused (send ``input_ids``)."""
-
-
-@dataclass(slots=True)
-class GenerationInput:
-    """One validated generation request (one item of a /generate batch)."""
-
-    input_ids: list[int]  # [prompt_len] token ids in [0, vocab_size)
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    """0 = greedy."""
-    top_p: float = 1.0
-    top_k: int = -1
-    """-1 = no top-k."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    """True: the model's EOS does not end the request (``stop_token_ids`` still do)."""
-    seed: int | None = None
-    seed_offset: int = 0
-    """Index of the seeded draw of output token 0 (a resumed request: the tokens it already has)."""
-    prompt_id: str | None = None
-    """History group (``sampling_params.custom_params.prompt_id``); None = the backend derives it from the prompt
-    tokens (:func:`~sglang_histospec.drafting.prompt_ids.prompt_id_for`)."""
-    return_logprob: bool = False
-    rid: str | None = None
-    """Request id; the server assigns one when None."""
-    skip_special_tokens: bool = True
-    """Used only to detokenize ``text``."""
 
 
 @dataclass(slots=True)
@@ -167,7 +143,7 @@ class Backend(HistoryBackend, Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
-    async def generate(self, requests: list[GenerationInput]) -> list[GenerationOutput]: ...
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerationOutput]: ...
 
     async def abort(self, rids: list[str]) -> None:
         """Abort these requests if they still run; their ``generate`` call returns them with finish type abort."""

@@ -1,25 +1,30 @@
-"""Request bodies of the HTTP API (SGLang's field names) and their conversion to validated backend inputs.
+"""Request bodies of the HTTP API (SGLang's field names) and their one conversion into the engine's requests.
 
-Pydantic checks types (strictly: ``"5"`` is not a token id) and unknown fields; ``to_generation_inputs`` and
-``to_history_entries`` check what needs the model (vocabulary, context length) and raise ``FieldError``
-naming the field, e.g. ``input_ids[1][3]: token id 70000 is outside the vocabulary [0, 32000)``.
+Pydantic checks types (strictly: ``"5"`` is not a token id) and unknown fields. A /generate body is converted once,
+at the boundary, into ``engine.types.GenerateRequest`` (``to_generate_requests``) and validated once on the way:
+``check_generate_body`` (no model needed: shapes, client limits, sampling values) and ``check_generate_for_model``
+(vocabulary, context length). ``to_history_entries`` checks a history push. Each raises ``FieldError`` naming the
+field, e.g. ``input_ids[1][3]: token id 70000 is outside the vocabulary [0, 32000)``.
 
 Example::
 
     body = GenerateBody.model_validate({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}})
-    [req] = to_generation_inputs(body, ModelLimits(vocab_size=100, context_len=64), tokenize=None)
-    req.max_new_tokens  # 8
+    [req] = to_generate_requests(body, ModelLimits(vocab_size=100, context_len=64), tokenize=None)
+    req.sampling.max_new_tokens  # 8
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from sglang_histospec.server.protocol import GenerationInput, HistoryEntry, ModelLimits
+from sglang_histospec.drafting.prompt_ids import token_prompt_id
+from sglang_histospec.engine.types import GenerateRequest, SamplingParams
+from sglang_histospec.server.protocol import HistoryEntry, ModelLimits
 
 DEFAULT_MAX_NEW_TOKENS = 128
 """SGLang's default when ``max_new_tokens`` is absent."""
@@ -320,7 +325,12 @@ def _check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
     raise FieldError(f"{where}[{j}]", f"token id {ids[j]} is outside the vocabulary [0, {limits.vocab_size})")
 
 
-def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits, prompt_len: int) -> dict[str, Any]:
+def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits) -> None:
+    """The checks of one item's ``sampling_params`` that need no model (``where``: its JSON path)."""
+    if sp.n < 1 or sp.n > limits.max_n:
+        raise FieldError(f"{where}.n", f"must be in [1, {limits.max_n}] (max_n), got {sp.n}")
+    if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
+        _check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
     for name, neutral in _NEUTRAL.items():
         if getattr(sp, name) != neutral:
             raise FieldError(f"{where}.{name}", f"not supported by this server (only {neutral!r})")
@@ -332,38 +342,44 @@ def _sampling_to_kwargs(sp: SamplingParamsBody, where: str, limits: ModelLimits,
         raise FieldError(f"{where}.top_p", f"must be in (0, 1], got {sp.top_p}")
     if sp.top_k < -1:
         raise FieldError(f"{where}.top_k", f"must be -1 (off), 0 (off) or >= 1, got {sp.top_k}")
-    max_new = DEFAULT_MAX_NEW_TOKENS if sp.max_new_tokens is None else sp.max_new_tokens
-    if sp.max_new_tokens is None:
-        max_new = max(1, min(max_new, limits.context_len - prompt_len))
-    if max_new < 1:
-        raise FieldError(f"{where}.max_new_tokens", f"must be >= 1, got {max_new}")
-    if prompt_len + max_new > limits.context_len:
-        raise FieldError(
-            f"{where}.max_new_tokens",
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) exceeds the context length "
-            f"{limits.context_len}",
-        )
-    stops = list(sp.stop_token_ids or [])
-    _check_tokens(stops, limits, f"{where}.stop_token_ids")
+    if sp.max_new_tokens is not None and sp.max_new_tokens < 1:
+        raise FieldError(f"{where}.max_new_tokens", f"must be >= 1, got {sp.max_new_tokens}")
     if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
         raise FieldError(f"{where}.seed", "differs from sampling_seed; send one of them")
-    seed = sp.sampling_seed if sp.sampling_seed is not None else sp.seed
-    prompt_id = None
-    offset = 0 if sp.custom_params is None or sp.custom_params.seed_offset is None else sp.custom_params.seed_offset
+    seed_name = "sampling_seed" if sp.sampling_seed is not None else "seed"
+    seed = getattr(sp, seed_name)
+    if seed is not None and seed < 0:
+        raise FieldError(
+            f"{where}.{seed_name}", f"must be an int >= 0 (leave it out for an unseeded request), got {seed}"
+        )
+    offset = _seed_offset(sp)
     if offset < 0:
         raise FieldError(f"{where}.custom_params.seed_offset", f"must be an int >= 0, got {offset}")
-    if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
-        prompt_id = str(sp.custom_params.prompt_id)
-    return dict(
-        max_new_tokens=max_new,
+
+
+def _seed_offset(sp: SamplingParamsBody) -> int:
+    return 0 if sp.custom_params is None or sp.custom_params.seed_offset is None else sp.custom_params.seed_offset
+
+
+def _max_new_tokens(sp: SamplingParamsBody, limits: ModelLimits, prompt_len: int) -> int:
+    """As sent, or SGLang's default clipped to the room the context leaves (at least 1)."""
+    if sp.max_new_tokens is not None:
+        return sp.max_new_tokens
+    return max(1, min(DEFAULT_MAX_NEW_TOKENS, limits.context_len - prompt_len))
+
+
+def _sampling(sp: SamplingParamsBody, limits: ModelLimits, prompt_len: int, sample: int) -> SamplingParams:
+    """The engine's sampling parameters of parallel sample ``sample`` (its seed is the body's seed + ``sample``)."""
+    seed = sp.sampling_seed if sp.sampling_seed is not None else sp.seed
+    return SamplingParams(
         temperature=float(sp.temperature),
         top_p=float(sp.top_p),
         top_k=-1 if sp.top_k == 0 else sp.top_k,
-        stop_token_ids=stops,
+        max_new_tokens=_max_new_tokens(sp, limits, prompt_len),
+        stop_token_ids=list(sp.stop_token_ids or []),
         ignore_eos=sp.ignore_eos,
-        seed=seed,
-        seed_offset=offset,
-        prompt_id=prompt_id,
+        seed=None if seed is None else seed + sample,
+        seed_offset=_seed_offset(sp),
         skip_special_tokens=sp.skip_special_tokens,
     )
 
@@ -407,8 +423,9 @@ def num_prompts(body: GenerateBody) -> int:
 
 
 def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
-    """Every check of a /generate body that needs no model (shape, client limits, ids); returns the number of
-    samples it asks for (prompts x n). Cheap: run it before tokenizing. Shared by the server and the router.
+    """Every check of a /generate body that needs no model (shape, client limits, ids, sampling values); returns
+    the number of samples it asks for (prompts x n). Cheap: it runs before tokenizing. Shared by the server
+    (inside :func:`to_generate_requests`) and the router.
 
     Example: ``check_generate_body(GenerateBody(input_ids=[[1], [2]], sampling_params={"n": 3}), RequestLimits())``
     returns 6.
@@ -419,7 +436,36 @@ def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
         raise FieldError("stream", "streaming is not supported; send stream=false")
     if body.return_hidden_states:
         raise FieldError("return_hidden_states", "not supported")
-    batch, n = is_batch(body), num_prompts(body)
+    n = num_prompts(body)
+    _check_prompts(body, n, limits)
+    _per_item(body.return_logprob, n, "return_logprob")
+    rids = item_rids(body)
+    named = [r for r in rids if r is not None]
+    if len(set(named)) != len(named):
+        raise FieldError("rid", "request ids in one batch must be distinct")
+    for r in named:
+        _check_id(r, "rid", limits)
+    if any(v != -1 for v in _per_item(body.logprob_start_len, n, "logprob_start_len")):
+        raise FieldError("logprob_start_len", "input-token logprobs are not supported; leave it at -1")
+    if any(v != 0 for v in _per_item(body.top_logprobs_num, n, "top_logprobs_num")):
+        raise FieldError("top_logprobs_num", "top logprobs are not supported; leave it at 0")
+    sps = [sp or SamplingParamsBody() for sp in _per_item(body.sampling_params, n, "sampling_params")]
+    for i, sp in enumerate(sps):
+        where = _sampling_where(body, i)
+        _check_sampling(sp, where, limits)
+        if sp.n != sps[0].n:
+            raise FieldError(f"{where}.n", "must be the same for every prompt of a batch")
+    if n * sps[0].n > limits.max_samples:
+        raise FieldError(
+            "sampling_params.n",
+            f"{n} prompts x n={sps[0].n} is {n * sps[0].n} samples; the limit is {limits.max_samples} (max_samples)",
+        )
+    return n * sps[0].n
+
+
+def _check_prompts(body: GenerateBody, n: int, limits: RequestLimits) -> None:
+    """The prompt field of a body: ``n`` prompts within ``max_prompts``, none empty, ``text`` within its limit."""
+    batch = is_batch(body)
     field_name = "text" if body.text is not None else "input_ids"
     if n == 0:
         raise FieldError(field_name, "empty batch")
@@ -438,58 +484,24 @@ def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
         for i, ids in enumerate(prompts):  # type: ignore[union-attr]
             if len(ids) == 0:
                 raise FieldError(f"input_ids[{i}]" if batch else "input_ids", "empty prompt")
-    sps = _per_item(body.sampling_params, n, "sampling_params")
-    _per_item(body.return_logprob, n, "return_logprob")
-    rids = item_rids(body)
-    named = [r for r in rids if r is not None]
-    if len(set(named)) != len(named):
-        raise FieldError("rid", "request ids in one batch must be distinct")
-    for r in named:
-        _check_id(r, "rid", limits)
-    if any(v != -1 for v in _per_item(body.logprob_start_len, n, "logprob_start_len")):
-        raise FieldError("logprob_start_len", "input-token logprobs are not supported; leave it at -1")
-    if any(v != 0 for v in _per_item(body.top_logprobs_num, n, "top_logprobs_num")):
-        raise FieldError("top_logprobs_num", "top logprobs are not supported; leave it at 0")
-    first_n = (sps[0] or SamplingParamsBody()).n
-    for i, sp in enumerate(sps):
-        sp = sp or SamplingParamsBody()
-        where = f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
-        if sp.n < 1 or sp.n > limits.max_n:
-            raise FieldError(f"{where}.n", f"must be in [1, {limits.max_n}] (max_n), got {sp.n}")
-        if sp.n != first_n:
-            raise FieldError(f"{where}.n", "must be the same for every prompt of a batch")
-        if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
-            _check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
-    if n * first_n > limits.max_samples:
-        raise FieldError(
-            "sampling_params.n",
-            f"{n} prompts x n={first_n} is {n * first_n} samples; the limit is {limits.max_samples} (max_samples)",
-        )
-    return n * first_n
 
 
-def to_generation_inputs(
-    body: GenerateBody,
-    limits: ModelLimits,
-    tokenize: Callable[[str], list[int]] | None,
-    request_limits: RequestLimits | None = None,
-) -> list[GenerationInput]:
-    """Validate a /generate body against the model and split it into one input per prompt and sample."""
-    check_generate_body(body, request_limits or RequestLimits())
-    batch, n = is_batch(body), num_prompts(body)
-    if body.text is not None:
-        if not limits.has_tokenizer or tokenize is None:
-            raise FieldError("text", "this model has no tokenizer; send input_ids")
-        texts = body.text if isinstance(body.text, list) else [body.text]
-        prompts, field_name = [tokenize(t) for t in texts], "text"
-    else:
-        assert body.input_ids is not None
-        prompts = body.input_ids if batch else [body.input_ids]  # type: ignore[list-item]
-        field_name = "input_ids"
-    sps = _per_item(body.sampling_params, n, "sampling_params")
-    logprobs = _per_item(body.return_logprob, n, "return_logprob")
-    rids = item_rids(body)
-    out: list[GenerationInput] = []
+def _sampling_where(body: GenerateBody, i: int) -> str:
+    """The JSON path of item ``i``'s sampling params."""
+    return f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
+
+
+def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: list[list[int]] | None = None) -> None:
+    """The checks of a /generate body that need the model, after :func:`check_generate_body`: every prompt and stop
+    token id within the vocabulary, every prompt plus its ``max_new_tokens`` within the context length.
+    ``prompts``: the token ids of each prompt (a ``text`` body's, tokenized); None = the body's ``input_ids``.
+
+    Example: with ``ModelLimits(vocab_size=100, context_len=64)``, ``{"input_ids": [1, 100]}`` raises
+    ``FieldError("input_ids[1]", ...)``.
+    """
+    prompts = _input_ids(body) if prompts is None else prompts
+    batch, field_name = is_batch(body), "text" if body.text is not None else "input_ids"
+    sps = _per_item(body.sampling_params, len(prompts), "sampling_params")
     for i, ids in enumerate(prompts):
         where = f"{field_name}[{i}]" if batch else field_name
         if len(ids) == 0:
@@ -497,15 +509,68 @@ def to_generation_inputs(
         _check_tokens(ids, limits, where)
         if len(ids) >= limits.context_len:
             raise FieldError(where, f"prompt has {len(ids)} tokens; the context length is {limits.context_len}")
-        sp_where = f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
-        sp = sps[i] or SamplingParamsBody()
-        kwargs = _sampling_to_kwargs(sp, sp_where, limits, len(ids))
-        for j in range(sp.n):  # parallel samples: prompt-major, rid "<rid>_<j>", seed + j
-            item = GenerationInput(input_ids=list(ids), return_logprob=logprobs[i], rid=rids[i], **kwargs)
-            item.rid = sample_rid(rids[i], j, sp.n)
-            if sp.n > 1:
-                item.seed = None if item.seed is None else item.seed + j
-            out.append(item)
+        sp, sp_where = sps[i] or SamplingParamsBody(), _sampling_where(body, i)
+        max_new = _max_new_tokens(sp, limits, len(ids))
+        if len(ids) + max_new > limits.context_len:
+            raise FieldError(
+                f"{sp_where}.max_new_tokens",
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new}) exceeds the context length "
+                f"{limits.context_len}",
+            )
+        _check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
+
+
+def _input_ids(body: GenerateBody) -> list[list[int]]:
+    """The prompts of an ``input_ids`` body, one list per prompt."""
+    assert body.input_ids is not None, "a text body: pass its tokenized prompts"
+    return body.input_ids if is_batch(body) else [body.input_ids]  # type: ignore[return-value, list-item]
+
+
+def new_request_id() -> str:
+    """A fresh request id (32 hex digits), for a request sent without ``rid``."""
+    return uuid.uuid4().hex
+
+
+def to_generate_requests(
+    body: GenerateBody,
+    limits: ModelLimits,
+    tokenize: Callable[[str], list[int]] | None,
+    request_limits: RequestLimits | None = None,
+    new_rid: Callable[[], str] = new_request_id,
+) -> list[GenerateRequest]:
+    """The one conversion of a /generate body into the engine's requests, validated once on the way
+    (:func:`check_generate_body`, then ``tokenize`` for ``text``, then :func:`check_generate_for_model`).
+
+    One request per prompt and parallel sample, prompt-major: sample j of n has rid ``"<rid>_<j>"`` and seed
+    ``seed + j``. A request sent without ``rid`` gets ``new_rid()``; one without ``custom_params.prompt_id`` the
+    history key derived from its tokens (``drafting/prompt_ids.py``).
+    """
+    check_generate_body(body, request_limits or RequestLimits())
+    if body.text is not None:
+        if not limits.has_tokenizer or tokenize is None:
+            raise FieldError("text", "this model has no tokenizer; send input_ids")
+        prompts = [tokenize(t) for t in (body.text if isinstance(body.text, list) else [body.text])]
+    else:
+        prompts = _input_ids(body)
+    check_generate_for_model(body, limits, prompts)
+    sps = _per_item(body.sampling_params, len(prompts), "sampling_params")
+    logprobs = _per_item(body.return_logprob, len(prompts), "return_logprob")
+    out: list[GenerateRequest] = []
+    for ids, sp, logprob, rid in zip(prompts, sps, logprobs, item_rids(body)):
+        sp = sp or SamplingParamsBody()
+        custom = sp.custom_params
+        explicit = custom is not None and custom.prompt_id is not None
+        prompt_id = str(custom.prompt_id) if explicit else token_prompt_id(ids)  # type: ignore[union-attr]
+        for j in range(sp.n):
+            out.append(
+                GenerateRequest(
+                    rid=sample_rid(rid, j, sp.n) or new_rid(),
+                    input_ids=list(ids),
+                    sampling=_sampling(sp, limits, len(ids), j),
+                    prompt_id=prompt_id,
+                    return_logprob=logprob,
+                )
+            )
     return out
 
 

@@ -13,17 +13,14 @@ import asyncio
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from sglang_histospec.drafting.history_log import SNAPSHOT_NAME, DurableHistory, HistoryWriteError
-from sglang_histospec.drafting.prompt_ids import token_prompt_id
-from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult, SamplingParams
+from sglang_histospec.engine.types import EngineConfig, GenerateRequest, GenerateResult
 from sglang_histospec.server.engine_loop import EngineLoop
 from sglang_histospec.server.protocol import (
     BackendError,
-    GenerationInput,
     GenerationOutput,
     HistoryEntry,
     HistoryNotDurable,
@@ -151,37 +148,13 @@ class TorchBackend:
             return ""
         return self.engine.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    async def generate(self, requests: list[GenerationInput]) -> list[GenerationOutput]:
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerationOutput]:
         start = time.perf_counter()
-        futures: list[asyncio.Future] = []
-        rids: list[str] = []
-        for req in requests:
-            rid = req.rid or uuid.uuid4().hex
-            try:
-                engine_req = GenerateRequest(
-                    rid=rid,
-                    input_ids=req.input_ids,
-                    prompt_id=req.prompt_id if req.prompt_id is not None else token_prompt_id(req.input_ids),
-                    return_logprob=req.return_logprob,
-                    sampling=SamplingParams(
-                        temperature=req.temperature,
-                        top_p=req.top_p,
-                        top_k=req.top_k,
-                        max_new_tokens=req.max_new_tokens,
-                        stop_token_ids=req.stop_token_ids,
-                        ignore_eos=req.ignore_eos,
-                        seed=req.seed,
-                        seed_offset=req.seed_offset,
-                    ),
-                )
-            except ValueError as exc:
-                raise BackendError(str(exc)) from exc
-            futures.append(asyncio.wrap_future(self.loop.submit_request(engine_req)))
-            rids.append(rid)
+        futures = [asyncio.wrap_future(self.loop.submit_request(req)) for req in requests]
         done, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
         failed = [f for f in done if f.exception() is not None]
         if failed:  # abort the rest of the batch: nothing keeps running for a failed HTTP request
-            still_running = [r for r, f in zip(rids, futures) if f in pending]
+            still_running = [req.rid for req, f in zip(requests, futures) if f in pending]
             await self._call(lambda engine: [engine.abort(r) for r in still_running])
             if pending:
                 await asyncio.wait(pending)
@@ -192,11 +165,11 @@ class TorchBackend:
         latency = time.perf_counter() - start
         return [self._output(f.result(), req, latency) for f, req in zip(futures, requests)]
 
-    def _output(self, res: GenerateResult, req: GenerationInput, latency: float) -> GenerationOutput:
+    def _output(self, res: GenerateResult, req: GenerateRequest, latency: float) -> GenerationOutput:
         return GenerationOutput(
             rid=res.rid,
             output_ids=list(res.output_ids),
-            text=self.decode(list(res.output_ids), skip_special_tokens=req.skip_special_tokens),
+            text=self.decode(list(res.output_ids), skip_special_tokens=req.sampling.skip_special_tokens),
             prompt_tokens=res.prompt_tokens or len(req.input_ids),
             finish_reason=res.finish_reason,
             output_token_logprobs=res.output_logprobs,

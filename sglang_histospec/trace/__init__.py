@@ -1,4 +1,5 @@
-"""Rollout traces: the on-disk format, synthetic traces and trace statistics."""
+"""Rollout traces: the on-disk format, synthetic traces and trace statistics; the recorder of real GRPO traces
+(``trace/record.py``) and the seeded requests of an epoch (``trace/seeding.py``) are imported from their modules."""
 
 from sglang_histospec.trace.format import (
     TraceError,

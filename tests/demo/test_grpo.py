@@ -10,9 +10,9 @@ import json
 import pytest
 import trl  # noqa: F401  (a hard test dependency: `make test` installs it; missing, it must fail)
 
-from sglang_histospec.demo import model as demo_model
 from sglang_histospec.demo.grpo import GRPORunConfig, run_grpo, trainer_available
-from sglang_histospec.demo.task import ArithTask
+from sglang_histospec.models import demo_model
+from sglang_histospec.tasks.arith import ArithTask
 from sglang_histospec.trace.format import load_steps
 from tests.helpers.demo_tools import TINY
 
@@ -65,11 +65,9 @@ def test_grpo_with_and_without_histospec_writes_trace_and_epoch_stats(tiny_model
 
 def test_demo_command_frozen_policy_end_to_end(tiny_model, tmp_path, monkeypatch, capsys):
     """``histospec demo --quick --policy frozen --json`` with the quick model replaced by the tiny one."""
-    import sglang_histospec.demo as demo_pkg
     from sglang_histospec import cli
 
     monkeypatch.setattr(demo_model, "QUICK_CONFIG", TINY)
-    monkeypatch.setattr(demo_pkg, "QUICK_CONFIG", TINY)
     cache = tiny_model.parent.parent
     code = cli.main(["demo", "--model", "tiny", "--quick", "--policy", "frozen", "--epochs", "2", "--out-dir", str(tmp_path / "out"),
                      "--cache-dir", str(cache), "--no-progress", "--json"])  # fmt: skip

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from sglang_histospec.demo import model as demo_model
-from sglang_histospec.demo.rollouts import RolloutConfig, epoch_requests, index_seed, request_seed, sample_epochs
-from sglang_histospec.demo.task import ArithTask
+from sglang_histospec.demo.rollouts import RolloutConfig, sample_epochs
+from sglang_histospec.models import demo_model
+from sglang_histospec.tasks.arith import ArithTask
 from sglang_histospec.trace.format import load_steps
 from tests.helpers.demo_tools import TINY
 
@@ -16,37 +16,6 @@ from tests.helpers.demo_tools import TINY
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     return demo_model.build_or_load_demo_model(tmp_path_factory.mktemp("demo-cache"), config=TINY, progress=False)
-
-
-def test_request_seed_is_stable_and_distinct():
-    assert request_seed(0, 1, "arith-0001", 2) == request_seed(0, 1, "arith-0001", 2)
-    seeds = {request_seed(0, e, f"arith-{p:04d}", k) for e in range(3) for p in range(4) for k in range(4)}
-    assert len(seeds) == 48 and all(0 <= s < 2**31 for s in seeds)
-
-
-PROMPTS = [("arith-0000", [5, 6]), ("arith-0001", [7])]
-
-
-def test_epoch_requests_hash_seeding_is_the_demos():
-    reqs = epoch_requests(PROMPTS, 2, 1.0, 8, 0, 1, return_logprob=True)
-    assert [r.rid for r in reqs] == ["e1-arith-0000-0", "e1-arith-0000-1", "e1-arith-0001-0", "e1-arith-0001-1"]
-    assert [r.sampling.seed for r in reqs] == [request_seed(0, 1, pid, k) for pid, _ in PROMPTS for k in range(2)]
-    assert reqs[3].sampling.seed == 1137737926  # the traces of docs/data/ were sampled with these seeds
-    assert all(r.return_logprob and r.sampling.max_new_tokens == 8 for r in reqs)
-    assert [r.input_ids for r in reqs] == [[5, 6], [5, 6], [7], [7]] and reqs[2].prompt_id == "arith-0001"
-
-
-def test_epoch_requests_index_seeding_is_the_benchmarks():
-    reqs = epoch_requests(PROMPTS, 2, 1.0, 8, 2, 3, seeding="index")
-    # seed * 1_000_003 + epoch * 10_007 + prompt index * 101 + sample: the seeds of docs/results.md's engine figures
-    assert [r.sampling.seed for r in reqs] == [2030027, 2030028, 2030128, 2030129]
-    assert index_seed(2, 3, 1, 2) == 2030130 and not any(r.return_logprob for r in reqs)
-    assert [r.rid for r in reqs] == [r.rid.replace("e1-", "e3-") for r in epoch_requests(PROMPTS, 2, 1.0, 8, 0, 1)]
-
-
-def test_epoch_requests_rejects_an_unknown_seeding():
-    with pytest.raises(ValueError, match="seeding='sha'"):
-        epoch_requests(PROMPTS, 1, 1.0, 8, 0, 0, seeding="sha")
 
 
 @pytest.mark.parametrize(

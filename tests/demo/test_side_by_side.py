@@ -17,10 +17,10 @@ from sglang_histospec.demo.chat_demo import (
     warmup_key,
     warmup_meta,
 )
-from sglang_histospec.demo.chat_tasks import make_family
-from sglang_histospec.demo.record import RecordConfig
 from sglang_histospec.demo.report import format_table, side_by_side_epochs, summary
 from sglang_histospec.demo.rollouts import EpochStats
+from sglang_histospec.tasks.chat import make_family
+from sglang_histospec.trace.record import RecordConfig
 from tests.helpers.tiny import make_tiny_model_dir
 
 CHAT_TEMPLATE = (

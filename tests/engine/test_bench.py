@@ -47,7 +47,7 @@ def test_bench_engine_batch_sweep(tmp_path, capsys):
 
 def test_bench_engine_demo_model_choices():
     from sglang_histospec.commands import bench_engine
-    from sglang_histospec.demo import DEMO_MODELS, DemoModelConfig
+    from sglang_histospec.models.demo_model import DEMO_MODELS, DemoModelConfig
 
     parser = cli.build_parser()
     args = parser.parse_args(["bench", "engine", "--demo-model", "grpo"])

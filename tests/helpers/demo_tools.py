@@ -1,9 +1,9 @@
-"""Shared by the demo tests: a demo-model configuration small enough to pretrain in seconds."""
+"""Shared by the toy-model tests: a demo-model configuration small enough to pretrain in seconds."""
 
 from __future__ import annotations
 
-from sglang_histospec.demo.model import DemoModelConfig
-from sglang_histospec.demo.task import TaskConfig
+from sglang_histospec.models.demo_model import DemoModelConfig
+from sglang_histospec.tasks.arith import TaskConfig
 
 TINY = DemoModelConfig(
     task=TaskConfig(seed=3, num_prompts=8),

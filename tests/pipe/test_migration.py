@@ -68,7 +68,7 @@ def _d(key, elapsed=3.0, deferrals=0, estimate=KNOWN):
     [
         ([_d(1)], 1, 60.0, TAIL, 100.0, [1]),  # 180 tokens > max(150, 120); no idle worker needed
         ([_d(1, elapsed=2.0)], 1, 60.0, TAIL, 100.0, []),  # 120 tokens: not past 150
-        ([_d(1, elapsed=2.0)], 1, 60.0, PlannerConfig(tail_fraction=0.5, defer_step_factor=1.0), 100.0, [1]),
+        ([_d(1, elapsed=2.0)], 1, 60.0, TAIL, 35.0, [1]),  # 120 tokens > 3 x the step mean (DEFER_STEP_FACTOR)
         ([_d(1)], 9, 60.0, TAIL, 100.0, []),  # not in the tail
         ([_d(1)], 1, None, TAIL, 100.0, []),  # no decode rate yet
         ([_d(1, deferrals=1)], 1, 60.0, TAIL, 100.0, []),  # deferred once already (max_deferrals 1)

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from sglang_histospec.pipe.lengths import LengthEstimate, LengthPredictor, LengthPredictorConfig
 from sglang_histospec.pipe.planner import (
     POLICIES,
-    SAMPLE_SPREAD,
     Group,
     Planner,
     PlannerConfig,
+    defer_threshold,
     in_tail,
     is_outlier,
     length_spread,
@@ -153,16 +153,16 @@ def test_worker_sim_queue_partial_advance_and_remove() -> None:
     policy=st.sampled_from(POLICIES),
     step=st.integers(0, 5),
     backlog=st.lists(st.floats(0, 50), min_size=6, max_size=6),
-    spread=st.sampled_from([True, False, *SAMPLE_SPREAD]),
+    overlap=st.booleans(),
 )
 def test_every_request_placed_exactly_once(
-    sizes: list[int], lengths: list[int], workers: int, policy: str, step: int, backlog: list[float], spread: object
+    sizes: list[int], lengths: list[int], workers: int, policy: str, step: int, backlog: list[float], overlap: bool
 ) -> None:
     groups = [Group(f"p{i}", n, prompt_len=10 * i) for i, n in enumerate(sizes)]
     # odd prompts unknown; the known ones with two lengths, so that their history has a spread
     predictor = _predictor({f"p{i}": [lengths[i], lengths[13 - i]] for i in range(0, len(sizes), 2)})
-    plan = Planner(CostModel(), PlannerConfig(policy=policy, search_iters=8, sample_spread=spread)).plan(
-        step, groups, workers, predictor, backlog=backlog[:workers]
+    plan = Planner(CostModel(), PlannerConfig(policy=policy, search_iters=8)).plan(
+        step, groups, workers, predictor, backlog=backlog[:workers], overlap=overlap
     )
     assert plan.check(groups) is None
     assert len(plan.workers) == workers and len(plan.predicted_finish) == workers
@@ -252,28 +252,20 @@ def test_length_spread(estimate: LengthEstimate, expected: float) -> None:
     assert length_spread(estimate) == pytest.approx(expected, rel=1e-6)
 
 
-def test_sample_spread_prices_a_piece_at_its_longest_sample_and_splits_a_wide_group() -> None:
+def test_sync_steps_price_a_piece_at_its_longest_sample_and_split_a_wide_group() -> None:
     # one second per iteration and nothing else: a worker's time is its longest request's length
-    planner = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe", sample_spread="on"))
+    planner = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe"))
     assert planner.piece_time(Group("g", 8), 100.0, 8) == 100.0
     assert planner.piece_time(Group("g", 8), 100.0, 8, spread=0.5) == 181.0  # iterations of round(180.8)
     assert planner.piece_time(Group("g", 8), 100.0, 1, spread=0.5) == 100.0
     predictor = _predictor({"wide": [40, 60, 80, 100, 100, 120, 200, 400], "n1": [130] * 8, "n2": [130] * 8})
     groups = [Group("wide", 8), Group("n1", 8), Group("n2", 8)]
-    off = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe", sample_spread="off")).plan(
-        0, groups, 2, predictor
-    )
-    on = planner.plan(0, groups, 2, predictor)
-    assert off.splits == [1, 1, 1] and on.splits[0] == 2  # its 8 samples are not 8 x 137.5 tokens: split them
-    assert on.check(groups) is None and max(on.predicted_finish) > max(off.predicted_finish)
-    auto = Planner(CostModel(UNIT), PlannerConfig(policy="histopipe"))  # the default: on unless overlapped
-    assert auto.plan(0, groups, 2, predictor).workers == on.workers
-    assert auto.plan(0, groups, 2, predictor, overlap=True).workers == off.workers
-    assert planner.plan(0, groups, 2, predictor, overlap=True).workers == on.workers
-    lpt = PlannerConfig(policy="lpt", sample_spread="on")  # lpt stays the classic baseline
-    assert Planner(CostModel(UNIT), lpt).plan(0, groups, 2, predictor).workers == (
-        Planner(CostModel(UNIT), PlannerConfig(policy="lpt")).plan(0, groups, 2, predictor).workers
-    )
+    sync = planner.plan(0, groups, 2, predictor)
+    overlap = planner.plan(0, groups, 2, predictor, overlap=True)  # priced at the mean
+    assert overlap.splits == [1, 1, 1] and sync.splits[0] == 2  # its 8 samples are not 8 x 137.5 tokens: split
+    assert sync.check(groups) is None and max(sync.predicted_finish) > max(overlap.predicted_finish)
+    lpt = Planner(CostModel(UNIT), PlannerConfig(policy="lpt"))  # lpt stays the classic baseline
+    assert lpt.plan(0, groups, 2, predictor).workers == lpt.plan(0, groups, 2, predictor, overlap=True).workers
 
 
 @pytest.mark.parametrize("target", [3.0, 5.0, 8.0, 100.0, 0.5])
@@ -361,10 +353,6 @@ def test_plan_call_rejects_bad_input(args: tuple, match: str) -> None:
     [
         ("max_deferrals", 0),
         ("max_deferrals", 1.5),
-        ("defer_step_factor", 0.0),
-        ("defer_step_factor", -1.0),
-        ("sample_spread", "sometimes"),
-        ("sample_spread", None),
     ],
 )
 def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) -> None:
@@ -372,9 +360,14 @@ def test_planner_config_rejects_bad_deferral_settings(field: str, value: float) 
         PlannerConfig(**{field: value})
 
 
-@pytest.mark.parametrize(("given", "kept"), [(True, "on"), (False, "off"), ("auto", "auto")])
-def test_planner_config_sample_spread_takes_the_old_boolean(given: object, kept: str) -> None:
-    assert PlannerConfig(sample_spread=given).sample_spread == kept  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("step_mean", "factor", "threshold"), [(60.0, 2.0, 120.0), (100.0, 2.0, 150.0), (60.0, 3.0, 150.0)]
+)
+def test_defer_threshold_docstring_example(step_mean: float, factor: float, threshold: float) -> None:
+    est = LengthEstimate(100.0, {0.9: 140.0}, count=4, known=True)
+    assert defer_threshold(est, PlannerConfig(), step_mean, factor) == threshold
+    with pytest.raises(ValueError, match="step_factor"):
+        defer_threshold(est, PlannerConfig(), step_mean, 0.0)
 
 
 def test_plan_call_docstring_example() -> None:

@@ -298,6 +298,8 @@ BAD_GENERATE = [
     {"input_ids": [1, 2], "sampling_params": {"custom_params": {"prompt_id": "p" * 600}}},
     {"input_ids": [1, 2], "sampling_params": {"top_p": 2}},
     {"input_ids": [1, 2], "sampling_params": {"sampling_seed": 2**70}},
+    {"input_ids": [1, 2], "sampling_params": {"sampling_seed": -1}},
+    {"text": "ab", "sampling_params": {"seed": -2}},
     {"input_ids": []},
     {},
 ]

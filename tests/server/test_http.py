@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from sglang_histospec.drafting.prompt_ids import token_prompt_id
 from sglang_histospec.server.client import ServerError
 from tests.helpers.server_harness import (
     LONG_RUN_TOKENS,
@@ -73,6 +74,7 @@ def test_generate_single_has_sglang_shape(spec, tok):
     assert isinstance(out, dict)
     meta = out["meta_info"]
     assert meta["id"] == "r1"
+    assert meta["prompt_id"] == token_prompt_id(body["input_ids"])  # no custom_params.prompt_id: the derived key
     assert meta["prompt_tokens"] == len(body["input_ids"])
     assert meta["completion_tokens"] == len(out["output_ids"]) <= 6
     assert meta["finish_reason"]["type"] in ("length", "stop")
@@ -197,6 +199,7 @@ BIG = json.dumps({"input_ids": [1] * 300_000}).encode()  # ~900 KB .. 1.2 MB
         ("/generate", {"input_ids": [1], "sampling_params": {"top_p": 1.5}}, 400, "sampling_params.top_p"),
         ("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": "4"}}, 400, "max_new_tokens"),
         ("/generate", {"input_ids": [1] * 600}, 400, "input_ids"),
+        ("/generate", {"input_ids": [1], "sampling_params": {"sampling_seed": -1}}, 400, "sampling_params.sampling_seed"),
         ("/histospec/history", {"step": 1, "entries": [{"prompt_id": "z", "responses": [[1, 70]]}]}, 400,
          "entries[0].responses[0][1]"),
         ("/histospec/history", {"step": "1", "entries": []}, 400, "step"),

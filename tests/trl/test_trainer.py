@@ -259,7 +259,7 @@ def test_unreachable_server_is_a_clear_error(model_dir, tmp_path):
 
 
 def test_tokenizer_or_vocabulary_mismatch_is_a_clear_error(model_dir, servers, tmp_path):
-    from sglang_histospec.demo.tokenizer import build_tokenizer
+    from sglang_histospec.models.demo_tokenizer import build_tokenizer
 
     with pytest.raises(TokenizerMismatch, match="encode .* differently"):
         make_trainer(model_dir, servers["off"].url, tmp_path, tokenizer=build_tokenizer())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_histospec.demo.record import RecordConfig, grpo_rows, record_trace, token_logprobs, trainable_params
 from sglang_histospec.trace.format import read_trace
+from sglang_histospec.trace.record import RecordConfig, grpo_rows, record_trace, token_logprobs, trainable_params
 from tests.helpers.tiny import make_tiny_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -74,7 +74,7 @@ def test_record_writes_every_response_and_a_resumed_run_equals_a_straight_one(mo
 def test_a_run_stopped_after_the_warm_up_resumes_without_warming_up_again(model_dir, tmp_path, monkeypatch):
     import shutil
 
-    from sglang_histospec.demo import record
+    from sglang_histospec.trace import record
 
     first = record_trace(model_dir, RecordConfig(epochs=1, **SMALL), tmp_path / "a.jsonl.gz", tmp_path / "wa",
                          progress=False)  # fmt: skip
@@ -89,7 +89,7 @@ def test_a_run_stopped_after_the_warm_up_resumes_without_warming_up_again(model_
 
 
 def test_a_prompt_set_that_overflows_the_context_is_refused_before_training(model_dir, tmp_path, monkeypatch):
-    from sglang_histospec.demo import record
+    from sglang_histospec.trace import record
 
     monkeypatch.setattr(record, "PROMPT_ROOM", 1)  # a context of max_new_tokens + 1: no prompt fits
     with pytest.raises(ValueError, match="max_new_tokens=1100"):

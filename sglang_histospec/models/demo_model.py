@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_histospec.demo.task import ArithTask, TaskConfig
-from sglang_histospec.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
-from sglang_histospec.models import cached_build, default_cache_dir
+from sglang_histospec.models.cache import cached_build, default_cache_dir
+from sglang_histospec.models.demo_tokenizer import BOS_ID, EOS_ID, PAD_ID, build_tokenizer
+from sglang_histospec.tasks.arith import ArithTask, TaskConfig
 
 # Bump when the training recipe or the saved layout changes, so stale cache entries are not reused.
 CACHE_FORMAT = 1

@@ -1,6 +1,6 @@
 """Character-level tokenizer of the demo task, built with the ``tokenizers`` library (no hub download).
 
-One token per character of :data:`~sglang_histospec.demo.task.ALPHABET`, plus ``<pad>`` (0), ``<s>`` (1),
+One token per character of :data:`~sglang_histospec.tasks.arith.ALPHABET`, plus ``<pad>`` (0), ``<s>`` (1),
 ``</s>`` (2) and ``<unk>`` (3). Encoding prepends ``<s>``; decoding joins characters without spaces.
 
 Example:
@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from sglang_histospec.demo.task import ALPHABET
+from sglang_histospec.tasks.arith import ALPHABET
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sglang_histospec.demo.chat_tasks import FAMILIES, HELD_OUT, make_family
+from sglang_histospec.tasks.chat import FAMILIES, HELD_OUT, make_family
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

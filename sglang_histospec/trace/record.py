@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sglang_histospec.demo.chat_tasks import ChatFamily, make_family
-from sglang_histospec.demo.rollouts import epoch_requests
+from sglang_histospec.tasks.chat import ChatFamily, make_family
+from sglang_histospec.trace.seeding import epoch_requests
 
 PROMPT_ROOM = 512
 """Context tokens the recording engine keeps for a prompt beside ``max_new_tokens`` (at least 1024 in all)."""
@@ -34,7 +34,7 @@ class RecordConfig:
     """Shape of a trace recording (GRPO on one task family)."""
 
     family: str = "arith"
-    """Task family (``demo.chat_tasks.FAMILIES``)."""
+    """Task family (``tasks.chat.FAMILIES``)."""
     epochs: int = 8
     """Epochs; one GRPO step each, every prompt visited once per epoch."""
     num_prompts: int = 16
