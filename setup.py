@@ -10,10 +10,13 @@ from setuptools import setup
 ext_modules = [
     Pybind11Extension(
         "sglang_histospec.drafting._native",
-        sorted(["csrc/anchors.cc", "csrc/bindings.cc", "csrc/drafter.cc", "csrc/index.cc", "csrc/sais.cc"]),
+        sorted(
+            ["csrc/anchors.cc", "csrc/bindings.cc", "csrc/drafter.cc", "csrc/index.cc", "csrc/pool.cc", "csrc/sais.cc"]
+        ),
         cxx_std=17,
         # -ffp-contract=off: no fused multiply-adds, so that doubles round as in the Python references
-        extra_compile_args=["-O3", "-ffp-contract=off"],
+        extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"],
+        extra_link_args=["-pthread"],  # draft_threads: the drafters' thread pools (csrc/pool.h)
     ),
 ]
 

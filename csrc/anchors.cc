@@ -470,7 +470,7 @@ class LockAll {
 
 }  // namespace
 
-AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg) {}
+AnchorDrafter::AnchorDrafter(const Config& cfg) : cfg_(cfg), pool_(cfg.draft_threads) {}
 AnchorDrafter::~AnchorDrafter() = default;
 
 namespace {
@@ -619,9 +619,10 @@ namespace {
 std::string check_pending(const Pending& p, int64_t ctx_len) {
   if (p.pos < 0 || p.pos > ctx_len) return "a pending draft lies beyond the context";
   if (p.nodes.empty() || p.anchors.empty()) return "a pending draft without nodes or anchors";
+  if (p.reach < 1 || p.reach > kDepthMax) return "a pending draft's reach is out of range";
   for (size_t u = 1; u < p.nodes.size(); ++u) {
     const PendingNode& nd = p.nodes[u];
-    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > kDepthMax || nd.bin >= kNumBins ||
+    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > p.reach || nd.bin >= kNumBins ||
         nd.bin / (kNumScoreBins * kNumScoreBins) != length_class(nd.depth))
       return "a pending trie node is inconsistent";
   }
@@ -756,8 +757,10 @@ namespace {
 
 constexpr size_t kMaxSpare = 2 * kDepthMax;  // resolved drafts kept per request for their buffers
 
-// One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax).
+// One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax). An anchor tries each
+// depth below avail and the draft's reach (depths beyond its budget are no misses).
 void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
+  const int64_t seen = std::min<int64_t>(avail, p.reach);
   std::array<uint8_t, kMaxNodes> hit;  // [nodes] on the path of the realised tokens (the root included)
   hit[0] = 1;
   for (size_t u = 1; u < p.nodes.size(); ++u) {  // parents come before their children
@@ -771,7 +774,7 @@ void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
     while (!hit[u]) u = p.nodes[u].parent;  // the deepest realised node of the anchor's path: its matched length
     int64_t* tries = L.tries.data() + static_cast<size_t>(anchor.cls) * kDepthMax;  // [kDepthMax]
     int64_t* hits = L.hits.data() + static_cast<size_t>(anchor.cls) * kDepthMax;
-    for (int64_t d = 0; d < avail; ++d) ++tries[d];
+    for (int64_t d = 0; d < seen; ++d) ++tries[d];
     for (int32_t d = 0; d < p.nodes[u].depth; ++d) ++hits[d];
     touched[a] = anchor.cls;
   }
@@ -848,6 +851,7 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
   auto worse = [](const Key& a, const Key& b) { return selected_before(b, a); };
   std::make_heap(s.keys.begin(), s.keys.end(), worse);  // best first: popped in the reference's sorted order
   const int64_t reach = std::min(budget, kDepthMax);
+  p.reach = static_cast<int32_t>(reach);
   Trie& t = s.trie;
   p.nodes.reserve(1 + std::min<size_t>(s.keys.size(), kMaxAnchors) * reach);  // no reallocation while building
   t.reset(p.nodes);
@@ -901,33 +905,37 @@ void AnchorDrafter::draft_one(Request& req, const RunningGroup& group, int32_t b
 }
 
 std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>& req_ids,
-                                                 const std::vector<int32_t>& budgets, std::vector<int64_t>* ns) {
+                                                 const std::vector<int32_t>& budgets, std::vector<int64_t>* ns,
+                                                 int32_t threads) {
   std::vector<std::shared_ptr<Request>> reqs;
   reqs.reserve(req_ids.size());
   for (const auto& id : req_ids) reqs.push_back(find_request(id));
   std::vector<DraftOut> out(req_ids.size());
   if (ns) ns->assign(reqs.size(), 0);
-  std::unique_ptr<Scratch> scratch;
+  const int32_t use = std::min<int32_t>(threads > 0 ? threads : pool_.threads(), pool_.threads());
+  std::vector<std::unique_ptr<Scratch>> scratch(use);  // [threads] one per thread of the pool
   {
     std::lock_guard lock(scratch_mu_);
-    if (!scratch_pool_.empty()) {
-      scratch = std::move(scratch_pool_.back());
+    for (auto& s : scratch) {
+      if (scratch_pool_.empty()) break;
+      s = std::move(scratch_pool_.back());
       scratch_pool_.pop_back();
     }
   }
-  if (!scratch) scratch = std::make_unique<Scratch>();
-  for (size_t i = 0; i < reqs.size(); ++i) {
+  for (auto& s : scratch)
+    if (!s) s = std::make_unique<Scratch>();
+  pool_.run(reqs.size(), use, [&](size_t i, int32_t t) {
     const auto t0 = std::chrono::steady_clock::now();
     {
       const RunningGroup group = running_group(*reqs[i]);
-      LockAll lock(*reqs[i], group, scratch->locks);
-      draft_one(*reqs[i], group, budgets[i], *scratch, out[i]);
+      LockAll lock(*reqs[i], group, scratch[t]->locks);
+      draft_one(*reqs[i], group, budgets[i], *scratch[t], out[i]);
     }
     if (ns)
       (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  }
+  });
   std::lock_guard lock(scratch_mu_);
-  scratch_pool_.push_back(std::move(scratch));
+  for (auto& s : scratch) scratch_pool_.push_back(std::move(s));
   return out;
 }
 

@@ -27,6 +27,7 @@
 
 #include "drafter.h"
 #include "index.h"
+#include "pool.h"
 
 namespace histospec {
 namespace anchors {
@@ -145,6 +146,7 @@ struct PendingAnchor {
 
 struct Pending {
   int64_t pos = 0;                     // context length when drafted
+  int32_t reach = kDepthMax;           // deepest depth the draft's budget let it reach: min(budget, kDepthMax)
   std::vector<PendingNode> nodes;      // [nodes] node 0 is the root
   std::vector<PendingAnchor> anchors;  // [chosen anchors] in anchor order
 };
@@ -176,6 +178,7 @@ struct Config {
   int32_t max_match = 32;
   int32_t prompt_tail = 4;
   std::array<bool, kNumSources> sources{true, true, true, true, true};
+  int32_t draft_threads = 1;  // threads a draft_batch spreads its requests over (the caller among them)
 };
 
 using RunningGroup = std::shared_ptr<const std::vector<std::shared_ptr<Request>>>;  // start order, copy on write
@@ -205,13 +208,15 @@ class AnchorDrafter {
   void extend(const std::string& req_id, Span tokens);
   void remove_request(const std::string& req_id);
   bool has_request(const std::string& req_id) const;
-  // One draft per request; call without the GIL. Unknown request ids raise std::out_of_range. `ns`, when given,
+  // One draft per request, spread over up to `threads` threads (0: cfg.draft_threads); call without the GIL.
+  // The drafts do not depend on the threads. Unknown request ids raise std::out_of_range. `ns`, when given,
   // receives each request's draft wall time in nanoseconds (benchmarks).
   std::vector<DraftOut> draft_batch(const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets,
-                                    std::vector<int64_t>* ns = nullptr);
+                                    std::vector<int64_t>* ns = nullptr, int32_t threads = 0);
 
   // Debug: copies of the learnt counts (tries, hits [kNumClasses * kDepthMax], bin_nodes, bin_hits [kNumBins]).
   std::array<std::vector<int64_t>, 4> learnt_counts() const;
+  int32_t draft_threads() const { return pool_.threads(); }
   size_t memory_bytes() const;
   std::string check_integrity() const;
 
@@ -241,7 +246,8 @@ class AnchorDrafter {
   mutable std::shared_mutex stats_mu_;
   Learnt learnt_;
   std::mutex scratch_mu_;
-  std::vector<std::unique_ptr<Scratch>> scratch_pool_;  // one per draft_batch running at a time
+  std::vector<std::unique_ptr<Scratch>> scratch_pool_;  // one per draft running at a time
+  DraftPool pool_;
 };
 
 }  // namespace anchors

@@ -62,9 +62,16 @@ std::array<bool, histospec::kNumSources> parse_sources(const std::vector<std::st
   return on;
 }
 
+void check_threads(int32_t draft_threads) {
+  if (draft_threads < 1)
+    throw std::invalid_argument("draft_threads=" + std::to_string(draft_threads) + ": expected an int >= 1");
+}
+
 Config make_config(int32_t min_match, int32_t max_match, bool tree, double min_prob, bool use_frequency,
-                   const std::vector<std::string>& sources) {
+                   const std::vector<std::string>& sources, int32_t draft_threads) {
+  check_threads(draft_threads);
   Config c;
+  c.draft_threads = draft_threads;
   c.min_match = min_match;
   c.max_match = max_match;
   c.tree = tree;
@@ -77,7 +84,8 @@ Config make_config(int32_t min_match, int32_t max_match, bool tree, double min_p
 }
 
 histospec::anchors::Config make_anchor_config(int32_t min_match, int32_t max_match, int32_t prompt_tail,
-                                              const std::vector<std::string>& sources) {
+                                              const std::vector<std::string>& sources, int32_t draft_threads) {
+  check_threads(draft_threads);
   if (min_match < 1 || max_match < min_match || prompt_tail < 0)
     throw std::invalid_argument("min_match=" + std::to_string(min_match) + ", max_match=" +
                                 std::to_string(max_match) + ", prompt_tail=" + std::to_string(prompt_tail) +
@@ -87,6 +95,7 @@ histospec::anchors::Config make_anchor_config(int32_t min_match, int32_t max_mat
   c.max_match = max_match;
   c.prompt_tail = prompt_tail;
   c.sources = parse_sources(sources);
+  c.draft_threads = draft_threads;
   return c;
 }
 
@@ -183,18 +192,21 @@ void bind_backend(py::class_<D>& c) {
           "Per request (token_ids, parents, probs, match_len, source); drafts without the GIL.")
       .def(
           "draft_batch_timed",
-          [](D& d, const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets) {
+          [](D& d, const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets, int32_t threads) {
             if (req_ids.size() != budgets.size()) throw std::invalid_argument("one budget per request");
+            if (threads < 0) throw std::invalid_argument("threads=" + std::to_string(threads) + ": expected >= 0");
             std::vector<DraftOut> drafts;
             std::vector<int64_t> ns;
             {
               py::gil_scoped_release release;
-              drafts = d.draft_batch(req_ids, budgets, &ns);
+              drafts = d.draft_batch(req_ids, budgets, &ns, threads);
             }
             return py::make_tuple(to_python(drafts), ns);
           },
-          py::arg("req_ids"), py::arg("budgets"),
-          "Benchmarks: draft_batch plus the wall time of each request's draft in nanoseconds.")
+          py::arg("req_ids"), py::arg("budgets"), py::arg("threads") = 0,
+          "Benchmarks: draft_batch on at most `threads` threads (0: draft_threads), plus the wall time of each "
+          "request's draft in nanoseconds.")
+      .def("draft_threads", &D::draft_threads, "Threads a draft_batch spreads its requests over.")
       .def("memory_bytes", &D::memory_bytes)
       .def("check_integrity", &D::check_integrity,
            "Debug: '' when every structure is consistent, else the first broken invariant.");
@@ -204,7 +216,7 @@ void bind_backend(py::class_<D>& c) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Native history index of sglang-histospec (semantics: docs/drafting.md)";
-  m.attr("ABI_VERSION") = 4;  // 3: AnchorDrafter; 4: the running source
+  m.attr("ABI_VERSION") = 5;  // 3: AnchorDrafter; 4: the running source; 5: draft_threads
 
   m.def(
       "suffix_array",
@@ -220,11 +232,12 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Drafter> drafter(m, "Drafter");
   drafter.def(py::init([](int32_t min_match, int32_t max_match, bool tree, double min_prob, bool use_frequency,
-                          const std::vector<std::string>& sources) {
-                return new Drafter(make_config(min_match, max_match, tree, min_prob, use_frequency, sources));
+                          const std::vector<std::string>& sources, int32_t draft_threads) {
+                return new Drafter(
+                    make_config(min_match, max_match, tree, min_prob, use_frequency, sources, draft_threads));
               }),
               py::kw_only(), py::arg("min_match"), py::arg("max_match"), py::arg("tree"), py::arg("min_prob"),
-              py::arg("use_frequency"), py::arg("sources"));
+              py::arg("use_frequency"), py::arg("sources"), py::arg("draft_threads") = 1);
   bind_backend(drafter);
   drafter.def("history_tokens", &Drafter::history_tokens)
       .def("num_prompts", &Drafter::num_prompts)
@@ -252,10 +265,11 @@ PYBIND11_MODULE(_native, m) {
   py::class_<AnchorDrafter> anchors(m, "AnchorDrafter",
                                     "The anchor scorer (drafts and learning of sglang_histospec/drafting/anchors.py).");
   anchors.def(py::init([](int32_t min_match, int32_t max_match, int32_t prompt_tail,
-                          const std::vector<std::string>& sources) {
-                return new AnchorDrafter(make_anchor_config(min_match, max_match, prompt_tail, sources));
+                          const std::vector<std::string>& sources, int32_t draft_threads) {
+                return new AnchorDrafter(make_anchor_config(min_match, max_match, prompt_tail, sources, draft_threads));
               }),
-              py::kw_only(), py::arg("min_match"), py::arg("max_match"), py::arg("prompt_tail"), py::arg("sources"));
+              py::kw_only(), py::arg("min_match"), py::arg("max_match"), py::arg("prompt_tail"), py::arg("sources"),
+              py::arg("draft_threads") = 1);
   bind_backend(anchors);
   anchors.def(
       "learnt_counts",

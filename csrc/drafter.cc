@@ -714,20 +714,22 @@ void Drafter::draft_one(Request& req, int32_t budget, DraftOut& out) {
 }
 
 std::vector<DraftOut> Drafter::draft_batch(const std::vector<std::string>& req_ids,
-                                           const std::vector<int32_t>& budgets, std::vector<int64_t>* ns) {
+                                           const std::vector<int32_t>& budgets, std::vector<int64_t>* ns,
+                                           int32_t threads) {
   std::vector<std::shared_ptr<Request>> reqs;
   reqs.reserve(req_ids.size());
   for (const auto& id : req_ids) reqs.push_back(find_request(id));
   std::vector<DraftOut> out(req_ids.size());
   if (ns) ns->assign(reqs.size(), 0);
-  for (size_t i = 0; i < reqs.size(); ++i) {
+  const int32_t use = std::min<int32_t>(threads > 0 ? threads : pool_.threads(), pool_.threads());
+  pool_.run(reqs.size(), use, [&](size_t i, int32_t) {  // each request under its own mutex
     const auto t0 = std::chrono::steady_clock::now();
     {
       std::lock_guard lock(reqs[i]->mu);
       draft_one(*reqs[i], budgets[i], out[i]);
     }
     if (ns) (*ns)[i] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  }
+  });
   return out;
 }
 

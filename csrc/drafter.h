@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "index.h"
+#include "pool.h"
 
 namespace histospec {
 
@@ -26,6 +27,7 @@ struct Config {
   double min_prob = 0.1;
   bool use_frequency = true;
   std::array<bool, kNumSources> sources{true, true, true, true, false};
+  int32_t draft_threads = 1;  // threads a draft_batch spreads its requests over (the caller among them)
 };
 
 struct DraftOut {
@@ -72,7 +74,7 @@ struct PromptEntry {
 
 class Drafter {
  public:
-  explicit Drafter(const Config& cfg) : cfg_(cfg) {}
+  explicit Drafter(const Config& cfg) : cfg_(cfg), pool_(cfg.draft_threads) {}
 
   void set_history(const std::string& prompt_id, const std::vector<Span>& seqs, const std::vector<int64_t>& weights);
   void add_sibling(const std::string& prompt_id, Span seq, int64_t weight);
@@ -84,11 +86,13 @@ class Drafter {
   void extend(const std::string& req_id, Span tokens);
   void remove_request(const std::string& req_id);
   bool has_request(const std::string& req_id) const;
-  // One draft per request; call without the GIL. Unknown request ids raise std::out_of_range.
+  // One draft per request, spread over up to `threads` threads (0: cfg.draft_threads); call without the GIL.
+  // The drafts do not depend on the threads. Unknown request ids raise std::out_of_range.
   // `ns`, when given, receives the wall time of each request's draft in nanoseconds (benchmarks).
   std::vector<DraftOut> draft_batch(const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets,
-                                    std::vector<int64_t>* ns = nullptr);
+                                    std::vector<int64_t>* ns = nullptr, int32_t threads = 0);
 
+  int32_t draft_threads() const { return pool_.threads(); }
   size_t memory_bytes() const;
   int64_t history_tokens() const;
   int64_t num_prompts() const;
@@ -115,6 +119,7 @@ class Drafter {
   std::vector<int64_t> global_order_;  // keys in insertion order (deterministic index layout)
   IndexPtr global_index_;
   bool global_dirty_ = false;
+  DraftPool pool_;
 };
 
 }  // namespace histospec

@@ -33,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="DrafterConfig.scorer of both backends (default anchors; counts with --chain)",
     )
+    parser.add_argument(
+        "--draft-threads",
+        type=int,
+        default=2,
+        help="threads of the native draft_batch on odd steps (even steps: one thread); reported as step_ms_threads",
+    )
     parser.add_argument("--reference-prompts", type=int, default=4, help="prompts of the side-by-side run (0 = off)")
     parser.add_argument("--reference-length", type=int, default=1024, help="response length of the side-by-side run")
     parser.add_argument("--seed", type=int, default=0)
@@ -46,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     from sglang_histospec.drafting.index_bench import IndexBenchConfig, run_index_bench
 
-    for name in ("prompts", "responses", "length", "steps", "vocab"):
+    for name in ("prompts", "responses", "length", "steps", "vocab", "draft_threads"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name}={getattr(args, name)}: expected an int >= 1")
+            raise SystemExit(f"--{name.replace('_', '-')}={getattr(args, name)}: expected an int >= 1")
     if not 0.0 <= args.similarity <= 1.0:
         raise SystemExit(f"--similarity={args.similarity}: expected a float in [0, 1]")
     cfg = IndexBenchConfig(
@@ -63,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         tree=not args.chain,
         seed=args.seed,
         scorer=args.scorer or ("counts" if args.chain else "anchors"),
+        draft_threads=args.draft_threads,
     )
 
     def progress(msg: str) -> None:

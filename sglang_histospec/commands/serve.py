@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scorer", choices=("anchors", "counts"), default=None, help="drafter scorer (default: DrafterConfig.scorer)"
     )
     parser.add_argument(
+        "--draft-threads",
+        type=int,
+        default=None,
+        help="threads the native drafter spreads a batch's drafts over (DrafterConfig.draft_threads, default 1; "
+        "the drafts do not depend on it); --backend sglang passes it to the plugin in $HISTOSPEC_DRAFTER_CONFIG",
+    )
+    parser.add_argument(
         "--draft-mode",
         choices=("tree", "chain"),
         default="tree",
@@ -120,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _drafter_config(args: argparse.Namespace):
-    """The torch engine's DrafterConfig from ``--history-window``, ``--scorer`` and ``--draft-mode``."""
+    """The torch engine's DrafterConfig from ``--history-window``, ``--scorer``, ``--draft-mode`` and
+    ``--draft-threads``."""
     from sglang_histospec.drafting import DrafterConfig
 
     chain = args.draft_mode == "chain"
@@ -129,6 +137,8 @@ def _drafter_config(args: argparse.Namespace):
         fields["scorer"] = args.scorer or "counts"  # chain drafts are the counts scorer's mode
     if args.history_window is not None:
         fields["window"] = args.history_window
+    if args.draft_threads is not None:
+        fields["draft_threads"] = args.draft_threads
     return DrafterConfig(**fields)
 
 

@@ -114,6 +114,7 @@ class _Pending:
     """A draft whose outcome is read once ``DEPTH_MAX`` more tokens are known (or the request ends)."""
 
     pos: int  # context length when drafted
+    reach: int  # deepest depth the draft's budget let it reach: min(budget, DEPTH_MAX)
     anchors: list[tuple[int, tuple[int, ...]]]  # (class, continuation)
     kids: list[dict[int, int]]  # trie: node -> {token: child}; node 0 is the root
     depth: list[int]
@@ -376,7 +377,7 @@ class AnchorIndex(SourceStore):
             q = (self._bin_hits[b] + RECAL_PRIOR_NODES * raw) / (self._bin_nodes[b] + RECAL_PRIOR_NODES)
             score.append(min(float(q), score[par[v]]))
             bins.append(b)
-        req.pending.append(_Pending(len(req.context), anchors, kids, depth, bins))
+        req.pending.append(_Pending(len(req.context), reach, anchors, kids, depth, bins))
         top = sorted(range(1, len(tok)), key=lambda v: (-score[v], depth[v], v))[:budget]
         top.sort(key=lambda v: (depth[v], v))
         out = {v: i for i, v in enumerate(top)}
@@ -386,7 +387,8 @@ class AnchorIndex(SourceStore):
 
     # ---- learning (section 13.4) -----------------------------------------------------------------------------
     def _resolve(self, req: _Request, final: bool) -> None:
-        """Learn from every pending draft whose next ``DEPTH_MAX`` tokens are known (all of them when ``final``)."""
+        """Learn from every pending draft whose next ``DEPTH_MAX`` tokens are known (all of them when ``final``):
+        an anchor tries each depth below the tokens known and the draft's reach, and hits where it matched."""
         n, keep = len(req.context), []
         for p in req.pending:
             avail = min(n - p.pos, DEPTH_MAX)
@@ -394,11 +396,12 @@ class AnchorIndex(SourceStore):
                 keep.append(p)
                 continue
             actual = req.context[p.pos : p.pos + avail]
+            seen = min(avail, p.reach)  # depths beyond the draft's budget are no misses
             for cls, cont in p.anchors:
                 m = 0
-                while m < min(len(cont), avail) and cont[m] == actual[m]:
+                while m < min(len(cont), seen) and cont[m] == actual[m]:
                     m += 1
-                self._tries[cls, :avail] += 1
+                self._tries[cls, :seen] += 1
                 self._hits[cls, :m] += 1
                 self._rates.pop(cls, None)
             v, hit = 0, set()

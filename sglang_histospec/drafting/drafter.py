@@ -66,6 +66,9 @@ class DrafterConfig:
     scorer: str = "anchors"
     """"counts": the longest match's weighted continuation counts (docs/drafting.md sections 3-6); "anchors": every
     match, scored by hit rates learnt online (section 13; ``tree``, ``min_prob`` and ``use_frequency`` unused)."""
+    draft_threads: int = 1
+    """Threads the native backend spreads a batch's drafts over (a persistent pool; the drafts do not depend on
+    it); the Python reference drafts on one thread."""
 
     def __post_init__(self) -> None:
         if self.sources is None:
@@ -79,6 +82,7 @@ class DrafterConfig:
             "capacity_tokens": (self.capacity_tokens, 0),
             "max_prompts": (self.max_prompts, 1),
             "global_capacity_tokens": (self.global_capacity_tokens, 0),
+            "draft_threads": (self.draft_threads, 1),
         }
         for name, (value, low) in ints.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -206,7 +210,8 @@ def make_index(cfg: DrafterConfig):
         kwargs = dict(
             min_match=cfg.min_match, max_match=cfg.max_match, prompt_tail=cfg.prompt_tail, sources=cfg.sources
         )
-        return (_native_class(cfg) or AnchorIndex)(**kwargs)
+        native = _native_class(cfg)
+        return native(**kwargs, draft_threads=cfg.draft_threads) if native else AnchorIndex(**kwargs)
     kwargs = dict(
         min_match=cfg.min_match,
         max_match=cfg.max_match,
@@ -215,7 +220,8 @@ def make_index(cfg: DrafterConfig):
         use_frequency=cfg.use_frequency,
         sources=cfg.sources,
     )
-    return (_native_class(cfg) or ReferenceIndex)(**kwargs)
+    native = _native_class(cfg)
+    return native(**kwargs, draft_threads=cfg.draft_threads) if native else ReferenceIndex(**kwargs)
 
 
 def _native_class(cfg: DrafterConfig):

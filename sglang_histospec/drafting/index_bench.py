@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -61,6 +61,8 @@ class IndexBenchConfig:
     """DrafterConfig.min_prob."""
     scorer: str = "anchors"
     """DrafterConfig.scorer: "anchors" (learnt anchor rates) or "counts" (the longest match's counts)."""
+    draft_threads: int = 2
+    """DrafterConfig.draft_threads of the native backend: odd steps draft on this many threads, even steps on one."""
 
 
 def _make_backend(cfg: IndexBenchConfig, backend: str):
@@ -78,7 +80,7 @@ def _make_backend(cfg: IndexBenchConfig, backend: str):
         return ReferenceIndex(**kwargs)
     from sglang_histospec.drafting.native import NativeIndex
 
-    return NativeIndex(**kwargs)
+    return NativeIndex(**kwargs, draft_threads=cfg.draft_threads)
 
 
 def _make_anchor_backend(cfg: IndexBenchConfig, backend: str):
@@ -89,7 +91,7 @@ def _make_anchor_backend(cfg: IndexBenchConfig, backend: str):
         return AnchorIndex(**kwargs)
     from sglang_histospec.drafting.native_anchors import NativeAnchorIndex
 
-    return NativeAnchorIndex(**kwargs)
+    return NativeAnchorIndex(**kwargs, draft_threads=cfg.draft_threads)
 
 
 def _sample(base: np.ndarray, similarity: float, vocab: int, rng: np.random.Generator) -> np.ndarray:
@@ -114,16 +116,29 @@ class _Ingested:
 
 
 @dataclass(slots=True)
-class _Decoded:
-    """What the decode phase measured."""
+class _Timings:
+    """What the steps drafted on one setting of threads measured."""
 
-    per_request_us: list[float]
+    per_request_us: list[float] = field(default_factory=list)
     """Wall time of one request's draft, per request-step."""
-    call_us: list[float]
-    """Wall time of a whole ``draft_batch`` call / its batch size, per step."""
+    step_ms: list[float] = field(default_factory=list)
+    """Wall time of a whole ``draft_batch`` call (the batch's drafts, as Python objects), per step."""
+    call_us: list[float] = field(default_factory=list)
+    """The same divided by the batch size, per step."""
+    cpu_s: float = 0.0
+    """CPU time of the calling thread in those calls."""
+    request_steps: int = 0
+
+
+@dataclass(slots=True)
+class _Decoded:
+    """What the decode phase measured: ``one`` over the steps drafted on one thread, ``many`` over those drafted
+    on ``draft_threads`` threads (the drafts, hence the decode, do not depend on it)."""
+
+    one: _Timings = field(default_factory=_Timings)
+    many: _Timings = field(default_factory=_Timings)
     emitted: int = 0
     request_steps: int = 0
-    draft_cpu_s: float = 0.0
 
 
 def _ingest(
@@ -152,11 +167,12 @@ def _ingest(
     return out
 
 
-def _draft_step(index, batch_ids: list[str], budget: int, timed, out: _Decoded) -> list:
-    """One ``draft_batch`` over the batch, timed per request (``timed``: the native ``draft_batch_timed``)."""
+def _draft_step(index, batch_ids: list[str], budget: int, timed, threads: int, out: _Timings) -> list:
+    """One ``draft_batch`` over the batch on ``threads`` threads, timed per request (``timed``: the native
+    ``draft_batch_timed``; the reference drafts on one thread)."""
     t0, c0 = time.perf_counter(), time.thread_time()
     if timed is not None:
-        drafts, ns = timed(batch_ids, [budget] * len(batch_ids))
+        drafts, ns = timed(batch_ids, [budget] * len(batch_ids), threads=threads)
         out.per_request_us.extend(x / 1000.0 for x in ns)
     else:  # the reference: time each request's call
         drafts = []
@@ -164,8 +180,11 @@ def _draft_step(index, batch_ids: list[str], budget: int, timed, out: _Decoded) 
             t1 = time.perf_counter()
             drafts.extend(index.draft_batch([rid], [budget]))
             out.per_request_us.append((time.perf_counter() - t1) * 1e6)
-    out.draft_cpu_s += time.thread_time() - c0
-    out.call_us.append((time.perf_counter() - t0) * 1e6 / len(batch_ids))
+    wall = time.perf_counter() - t0
+    out.cpu_s += time.thread_time() - c0
+    out.step_ms.append(wall * 1e3)
+    out.call_us.append(wall * 1e6 / len(batch_ids))
+    out.request_steps += len(batch_ids)
     return drafts
 
 
@@ -176,13 +195,14 @@ def _decode(index, cfg: IndexBenchConfig, data: _Ingested, say: Callable[[str], 
     for p, rid in enumerate(ids):
         index.start(rid, f"p{p}", data.prompts[p].tolist())
     pos = [0] * cfg.prompts
-    out = _Decoded([], [])
+    out = _Decoded()
     timed = getattr(getattr(index, "_impl", None), "draft_batch_timed", None)
     for step in range(cfg.steps):
         live = [p for p in range(cfg.prompts) if pos[p] < cfg.length]
         if not live:
             break
-        drafts = _draft_step(index, [ids[p] for p in live], cfg.budget, timed, out)
+        threads, timings = (1, out.one) if step % 2 == 0 else (cfg.draft_threads, out.many)
+        drafts = _draft_step(index, [ids[p] for p in live], cfg.budget, timed, threads, timings)
         for p, (toks, parents, _, _, _) in zip(live, drafts):
             truth = data.truths[p][pos[p] :]
             k = min(accepted_length(toks, parents, truth) + 1, len(truth))
@@ -191,10 +211,15 @@ def _decode(index, cfg: IndexBenchConfig, data: _Ingested, say: Callable[[str], 
             out.emitted += k
             out.request_steps += 1
         if (step + 1) % max(1, cfg.steps // 4) == 0:
-            say(f"{backend}: step {step + 1}/{cfg.steps}, p50 {np.percentile(out.per_request_us, 50):.2f} us")
+            say(f"{backend}: step {step + 1}/{cfg.steps}, p50 {np.percentile(out.one.per_request_us, 50):.2f} us")
     for rid in ids:
         index.remove_request(rid)
     return out
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile of ``values``; None when there are none (a one-step run has no many-thread step)."""
+    return float(np.percentile(values, q)) if values else None
 
 
 def run_index_bench(
@@ -206,7 +231,7 @@ def run_index_bench(
     index = _make_backend(cfg, backend)
     data = _ingest(index, cfg, rng, say, backend)
     dec = _decode(index, cfg, data, say, backend)
-    us = np.asarray(dec.per_request_us)
+    us = np.asarray(dec.one.per_request_us)
     return {
         "backend": backend,
         "scorer": cfg.scorer,
@@ -215,8 +240,13 @@ def run_index_bench(
         "draft_us_p50": float(np.percentile(us, 50)),
         "draft_us_p99": float(np.percentile(us, 99)),
         "draft_us_mean": float(us.mean()),
-        "call_us_per_request_p50": float(np.percentile(dec.call_us, 50)),
-        "draft_cpu_us_per_request": dec.draft_cpu_s * 1e6 / max(1, dec.request_steps),
+        "call_us_per_request_p50": float(np.percentile(dec.one.call_us, 50)),
+        "draft_cpu_us_per_request": dec.one.cpu_s * 1e6 / max(1, dec.one.request_steps),
+        "step_ms_1thread": _percentile(dec.one.step_ms, 50),
+        "step_ms_threads": _percentile(dec.many.step_ms, 50),
+        "threads": cfg.draft_threads if backend == "native" else 1,
+        "draft_us_p50_threads": _percentile(dec.many.per_request_us, 50),
+        "draft_us_p99_threads": _percentile(dec.many.per_request_us, 99),
         "bytes_per_token": data.memory / data.history_tokens,
         "batch": cfg.prompts,
         "history_tokens_per_prompt": data.history_tokens // cfg.prompts,

@@ -22,10 +22,20 @@ import sglang_histospec.drafting._native as _native
 from sglang_histospec.drafting.reference import DraftTuple
 from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
 
-if getattr(_native, "ABI_VERSION", 0) < 2:  # a stale build of the skeleton: rebuild with `make install`
+ABI_VERSION = 5
+"""The extension's ABI this module needs (5: ``draft_threads``); an older build is refused."""
+if getattr(_native, "ABI_VERSION", 0) < ABI_VERSION:  # a stale build: rebuild with `make install`
     raise ImportError(
-        f"sglang_histospec.drafting._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)})"
+        f"sglang_histospec.drafting._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)}, "
+        f"expected {ABI_VERSION}); rebuild it with `make install`"
     )
+
+
+def check_draft_threads(draft_threads) -> int:
+    """``draft_threads`` as an int; ValueError unless it is an int >= 1."""
+    if isinstance(draft_threads, bool) or not isinstance(draft_threads, (int, np.integer)) or draft_threads < 1:
+        raise ValueError(f"draft_threads={draft_threads!r}: expected an int >= 1 (1 drafts on the calling thread)")
+    return int(draft_threads)
 
 
 def _as_i32(seq) -> np.ndarray:  # [n] int32, C-contiguous (no copy when it already is)
@@ -76,6 +86,10 @@ class NativeBackend:
     def draft_batch(self, req_ids: list[str], budgets: list[int]) -> list[DraftTuple]:
         return self._impl.draft_batch(req_ids, budgets)
 
+    def draft_threads(self) -> int:
+        """Threads a ``draft_batch`` spreads its requests over."""
+        return int(self._impl.draft_threads())
+
     # ---- accounting and checks ------------------------------------------------------------------------------
     def memory_bytes(self) -> int:
         return int(self._impl.memory_bytes())
@@ -93,7 +107,7 @@ class NativeIndex(NativeBackend):
     by SA-IS in linear time on ``set_history`` without the GIL and swapped in under a lock; drafting requests hold a
     reference to the structure they read, so a concurrent replacement never frees it under them. Every request keeps
     its longest-match state per source and advances it by the tokens passed to ``extend``; ``draft_batch`` drafts
-    the whole batch without the GIL. Sources: ``csrc/``.
+    the whole batch without the GIL, over ``draft_threads`` threads. Sources: ``csrc/``.
     """
 
     def __init__(
@@ -105,6 +119,7 @@ class NativeIndex(NativeBackend):
         min_prob: float,
         use_frequency: bool,
         sources: tuple[str, ...],
+        draft_threads: int = 1,
     ) -> None:
         unknown = [s for s in sources if s not in COUNTS_SOURCES]
         if unknown:
@@ -117,6 +132,7 @@ class NativeIndex(NativeBackend):
             min_prob=float(min_prob),
             use_frequency=bool(use_frequency),
             sources=list(self.sources),
+            draft_threads=check_draft_threads(draft_threads),
         )
 
     def history_tokens(self) -> int:

@@ -17,11 +17,9 @@ import numpy as np
 
 import sglang_histospec.drafting._native as _native
 from sglang_histospec.drafting import anchors
-from sglang_histospec.drafting.native import NativeBackend
+from sglang_histospec.drafting.native import NativeBackend, check_draft_threads
 from sglang_histospec.drafting.types import SOURCES
 
-if getattr(_native, "ABI_VERSION", 0) < 3:  # built before the anchor scorer: rebuild with `make install`
-    raise ImportError(f"sglang_histospec.drafting._native has no AnchorDrafter (ABI_VERSION={_native.ABI_VERSION})")
 _stale = {k: v for k, v in _native.ANCHOR_CONSTANTS.items() if getattr(anchors, k) != v}
 if _stale:  # csrc/anchors.h no longer mirrors anchors.py: rebuild, or update its constants
     raise ImportError(f"the native anchor scorer was built with other constants than anchors.py: {_stale}")
@@ -31,11 +29,14 @@ class NativeAnchorIndex(NativeBackend):
     """Native backend of the anchor scorer; same interface as ``AnchorIndex`` (``docs/drafting.md`` section 9).
 
     Sources are immutable corpora (tokens, postings token -> positions) swapped in under a lock, so a draft keeps
-    reading the ones it started with; ``draft_batch`` drafts the whole batch without the GIL; the learnt tables
+    reading the ones it started with; ``draft_batch`` drafts the whole batch without the GIL, over ``draft_threads``
+    threads (each request and the running siblings it reads locked, the learnt tables read-locked); the learnt tables
     are shared by all requests and updated when a draft's outcome is known (in ``extend`` and ``remove_request``).
     """
 
-    def __init__(self, *, min_match: int, max_match: int, prompt_tail: int, sources: tuple[str, ...]) -> None:
+    def __init__(
+        self, *, min_match: int, max_match: int, prompt_tail: int, sources: tuple[str, ...], draft_threads: int = 1
+    ) -> None:
         unknown = [s for s in sources if s not in SOURCES]
         if unknown:
             raise ValueError(f"unknown source {unknown[0]!r}: expected a subset of {SOURCES}")
@@ -50,6 +51,7 @@ class NativeAnchorIndex(NativeBackend):
             max_match=self.max_match,
             prompt_tail=self.prompt_tail,
             sources=list(self.sources),
+            draft_threads=check_draft_threads(draft_threads),
         )
 
     def learnt_counts(self) -> dict[str, np.ndarray]:

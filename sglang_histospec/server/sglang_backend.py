@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -189,8 +190,28 @@ def _serve_config(args: argparse.Namespace) -> SGLangServeConfig:
     )
 
 
+def drafter_env(args: argparse.Namespace, environ: MutableMapping[str, str]) -> None:
+    """``histospec serve --draft-threads`` into ``$HISTOSPEC_DRAFTER_CONFIG`` (merged into the JSON fields already
+    there), which the plugin reads in SGLang's scheduler processes; ValueError when the result is no valid
+    ``DrafterConfig``."""
+    from sglang_histospec.plugin.adapter import DRAFTER_CONFIG_ENV, drafter_config_from_env
+
+    threads = getattr(args, "draft_threads", None)
+    if threads is None:
+        return
+    drafter_config_from_env(environ)  # ValueError: the variable is bad already
+    merged = {**json.loads(environ.get(DRAFTER_CONFIG_ENV, "").strip() or "{}"), "draft_threads": threads}
+    drafter_config_from_env({DRAFTER_CONFIG_ENV: json.dumps(merged)})  # ValueError: a bad --draft-threads
+    environ[DRAFTER_CONFIG_ENV] = json.dumps(merged)
+
+
 def run(args: argparse.Namespace) -> int:
     """The hook of ``histospec serve --backend sglang`` (``sglang_histospec.commands.serve``)."""
+    try:
+        drafter_env(args, os.environ)  # inherited by the scheduler processes, which SGLang spawns later
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return main(_sglang_argv(args))
 
 

@@ -27,9 +27,10 @@ def test_version(capsys):
 @pytest.mark.parametrize(
     "flags,expected",
     [
-        ([], ("anchors", True, 4)),
-        (["--draft-mode", "chain"], ("counts", False, 4)),
-        (["--scorer", "counts", "--history-window", "1"], ("counts", True, 1)),
+        ([], ("anchors", True, 4, 1)),
+        (["--draft-mode", "chain"], ("counts", False, 4, 1)),
+        (["--scorer", "counts", "--history-window", "1"], ("counts", True, 1, 1)),
+        (["--draft-threads", "3"], ("anchors", True, 4, 3)),
     ],
 )
 def test_serve_drafter_flags(flags, expected):
@@ -37,7 +38,15 @@ def test_serve_drafter_flags(flags, expected):
 
     args = cli.build_parser().parse_args(["serve", "--model", "m", *flags])
     cfg = serve._drafter_config(args)
-    assert (cfg.scorer, cfg.tree, cfg.window) == expected
+    assert (cfg.scorer, cfg.tree, cfg.window, cfg.draft_threads) == expected
+
+
+def test_serve_bad_draft_threads_names_the_fix():
+    from sglang_histospec.commands import serve
+
+    args = cli.build_parser().parse_args(["serve", "--model", "m", "--draft-threads", "0"])
+    with pytest.raises(ValueError, match=r"draft_threads=0: expected an int >= 1"):
+        serve._drafter_config(args)
 
 
 def test_serve_chain_with_anchors_names_the_fix():

@@ -4,6 +4,7 @@ the backends call by call)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from sglang_histospec.drafting.anchors import (
     rewritten,
 )
 from sglang_histospec.drafting.reference import ReferenceIndex
-from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
+from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES, WEIGHT_ONE
 
 try:
     from sglang_histospec.drafting.native import NativeIndex
@@ -167,6 +168,44 @@ def test_learning_waits_for_the_outcome(backend):
     before = tries(idx)
     idx.remove_request("s")  # the end of a request resolves its drafts with the tokens known
     assert tries(idx) > before and idx.check_integrity() is None
+
+
+def table(idx, name: str):
+    """A learnt table ([NUM_CLASSES, DEPTH_MAX]) of either backend."""
+    return getattr(idx, f"_{name}") if isinstance(idx, AnchorIndex) else idx.learnt_counts()[name]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("budget", [1, 4, DEPTH_MAX - 1, DEPTH_MAX, DEPTH_MAX + 8])
+def test_learning_stops_at_the_draft_budget(backend, budget):
+    """A draft made with budget b learns nothing at depths >= min(b, DEPTH_MAX): they lay beyond its reach, so
+    they are neither tries nor misses; below, every depth is a try and the matched ones hits."""
+    idx = INDEXES[backend](min_match=1, max_match=8, prompt_tail=1, sources=("history",))
+    response = list(range(10, 10 + 2 * DEPTH_MAX))
+    idx.set_history("p", [np.asarray([9, *response], dtype=np.int32)], [WEIGHT_ONE])
+    idx.start("r", "p", [9])
+    assert len(idx.draft_batch(["r"], [budget])[0][0]) == min(budget, DEPTH_MAX)
+    idx.extend("r", response[:DEPTH_MAX])  # the history was right at every depth
+    reach = min(budget, DEPTH_MAX)
+    tried, hit = table(idx, "tries"), table(idx, "hits")
+    (cls,) = np.flatnonzero(tried[:, 0])
+    assert tried[cls, :reach].tolist() == [1] * reach and hit[cls, :reach].tolist() == [1] * reach
+    assert not tried[:, reach:].any() and not hit[:, reach:].any()
+    assert idx.check_integrity() is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_short_request_tries_only_the_known_depths(backend):
+    """A request that ends 3 tokens after a budget-16 draft tries depths 0-2 only."""
+    idx = INDEXES[backend](min_match=1, max_match=8, prompt_tail=1, sources=("history",))
+    idx.set_history("p", [np.asarray([9, *range(10, 50)], dtype=np.int32)], [WEIGHT_ONE])
+    idx.start("r", "p", [9])
+    idx.draft_batch(["r"], [16])
+    idx.extend("r", [10, 11, 99])
+    idx.remove_request("r")
+    tried, hit = table(idx, "tries"), table(idx, "hits")
+    assert tried.sum(axis=0).tolist() == [1, 1, 1] + [0] * (DEPTH_MAX - 3)
+    assert hit.sum(axis=0).tolist() == [1, 1] + [0] * (DEPTH_MAX - 2)
 
 
 def test_anchor_class_is_a_bijection_on_its_fields():

@@ -208,7 +208,7 @@ def test_backends_seeded_sweep():
 
 
 def test_scan_cap_and_long_learning():
-    """More than SCAN candidate positions per source and kind, and hundreds of resolved drafts."""
+    """More than SCAN candidate positions per source and kind, and hundreds of resolved drafts at two budgets."""
     rng = random.Random(3)
     kwargs = dict(min_match=1, max_match=32, prompt_tail=2, sources=SOURCES)
     ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
@@ -220,16 +220,19 @@ def test_scan_cap_and_long_learning():
         idx.add_global(0, _arrays(history[1:]), [WEIGHT_ONE] * 2)
         idx.start("r", "p", [1, 0, 1])
     truth = [t if rng.random() < 0.8 else 1 - t for t in history[0]] * 2
-    pos = 0
+    pos, step = 0, 0
     while pos < len(truth):
-        expected = ref.draft_batch(["r"], [24])
-        assert nat.draft_batch(["r"], [24]) == expected
+        budget = (24, DEPTH_MAX + 8)[step % 2]  # the budget-24 drafts learn nothing at depths 24+
+        step += 1
+        expected = ref.draft_batch(["r"], [budget])
+        assert nat.draft_batch(["r"], [budget]) == expected
         toks, parents = expected[0][:2]
         k = min(accepted_length(toks, parents, truth, pos) + 1, len(truth) - pos)  # accepted tokens + the bonus
         for idx in (ref, nat):
             idx.extend("r", truth[pos : pos + k])
         pos += k
     assert ref._tries[:, DEPTH_MAX - 1].sum() > 100
+    assert ref._tries[:, 23].sum() > ref._tries[:, 24].sum()
     check_both(ref, nat)
 
 

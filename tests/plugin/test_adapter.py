@@ -266,3 +266,30 @@ def test_drafter_config_from_env():
     ):
         with pytest.raises(ValueError, match=match):
             drafter_config_from_env({DRAFTER_CONFIG_ENV: raw})
+    assert drafter_config_from_env({DRAFTER_CONFIG_ENV: '{"draft_threads": 4}'}).draft_threads == 4
+    with pytest.raises(ValueError, match="draft_threads"):
+        drafter_config_from_env({DRAFTER_CONFIG_ENV: '{"draft_threads": 0}'})
+
+
+def test_histospec_serve_passes_draft_threads_to_the_plugin():
+    """``histospec serve --backend sglang --draft-threads N`` reaches the workers through $HISTOSPEC_DRAFTER_CONFIG,
+    merged into the fields already there."""
+    import argparse
+
+    from sglang_histospec.commands import serve as serve_command
+    from sglang_histospec.plugin.adapter import DRAFTER_CONFIG_ENV, drafter_config_from_env
+    from sglang_histospec.server.sglang_backend import drafter_env
+
+    parser = argparse.ArgumentParser()
+    serve_command.add_arguments(parser)
+    env = {DRAFTER_CONFIG_ENV: '{"window": 2}'}
+    drafter_env(parser.parse_args(["--backend", "sglang", "--model", "/m"]), env)
+    assert env == {DRAFTER_CONFIG_ENV: '{"window": 2}'}  # no flag: untouched
+    drafter_env(parser.parse_args(["--backend", "sglang", "--model", "/m", "--draft-threads", "3"]), env)
+    cfg = drafter_config_from_env(env)
+    assert (cfg.window, cfg.draft_threads) == (2, 3)
+    env = {}
+    drafter_env(parser.parse_args(["--backend", "sglang", "--model", "/m", "--draft-threads", "2"]), env)
+    assert drafter_config_from_env(env).draft_threads == 2
+    with pytest.raises(ValueError, match="draft_threads=0"):
+        drafter_env(parser.parse_args(["--backend", "sglang", "--model", "/m", "--draft-threads", "0"]), {})

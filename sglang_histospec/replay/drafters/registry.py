@@ -39,6 +39,7 @@ _HS_FIELDS = {
     "global_capacity_tokens": int,
     "backend": str,
     "scorer": str,
+    "draft_threads": int,
 }
 
 
