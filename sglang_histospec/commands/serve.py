@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="threads the native drafter spreads a batch's drafts over (DrafterConfig.draft_threads, default 1; "
-        "the drafts do not depend on it); --backend sglang passes it to the plugin in $HISTOSPEC_DRAFTER_CONFIG",
+        "the drafts do not depend on it)",
     )
     parser.add_argument(
         "--draft-mode",
@@ -127,19 +127,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _drafter_config(args: argparse.Namespace):
-    """The torch engine's DrafterConfig from ``--history-window``, ``--scorer``, ``--draft-mode`` and
-    ``--draft-threads``."""
+    """The torch engine's DrafterConfig from the drafter flags (``drafter_fields_from_args``)."""
     from sglang_histospec.drafting import DrafterConfig
+    from sglang_histospec.server.launch import drafter_fields_from_args
 
-    chain = args.draft_mode == "chain"
-    fields: dict = {"tree": not chain}
-    if args.scorer is not None or chain:
-        fields["scorer"] = args.scorer or "counts"  # chain drafts are the counts scorer's mode
-    if args.history_window is not None:
-        fields["window"] = args.history_window
-    if args.draft_threads is not None:
-        fields["draft_threads"] = args.draft_threads
-    return DrafterConfig(**fields)
+    return DrafterConfig(**drafter_fields_from_args(args))
 
 
 def _run_torch(args: argparse.Namespace) -> int:

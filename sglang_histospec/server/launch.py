@@ -53,6 +53,22 @@ def limits_from_args(args: argparse.Namespace) -> Any:
     return RequestLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RequestLimits)})
 
 
+def drafter_fields_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``DrafterConfig`` fields that ``histospec serve``'s drafter flags set (only those given).
+
+    Example: ``--scorer counts --draft-threads 2`` -> ``{"scorer": "counts", "draft_threads": 2}``; ``--draft-mode
+    chain`` -> ``{"tree": False, "scorer": "counts"}`` (chain drafts are the counts scorer's mode).
+    """
+    chain = getattr(args, "draft_mode", "tree") == "chain"
+    fields: dict[str, Any] = {"tree": False} if chain else {}
+    if getattr(args, "scorer", None) is not None or chain:
+        fields["scorer"] = getattr(args, "scorer", None) or "counts"
+    for flag, field in (("history_window", "window"), ("draft_threads", "draft_threads")):
+        if getattr(args, flag, None) is not None:
+            fields[field] = getattr(args, flag)
+    return fields
+
+
 def check_bind(host: str, admin_api_key: str | None) -> None:
     """Raise ValueError when ``host`` is not loopback and no admin key is set."""
     if not is_loopback(host) and not admin_api_key:

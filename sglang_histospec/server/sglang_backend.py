@@ -191,17 +191,18 @@ def _serve_config(args: argparse.Namespace) -> SGLangServeConfig:
 
 
 def drafter_env(args: argparse.Namespace, environ: MutableMapping[str, str]) -> None:
-    """``histospec serve --draft-threads`` into ``$HISTOSPEC_DRAFTER_CONFIG`` (merged into the JSON fields already
-    there), which the plugin reads in SGLang's scheduler processes; ValueError when the result is no valid
-    ``DrafterConfig``."""
+    """``histospec serve``'s drafter flags (``--history-window``, ``--scorer``, ``--draft-mode``,
+    ``--draft-threads``) into ``$HISTOSPEC_DRAFTER_CONFIG`` (merged into the JSON fields already there), which the
+    plugin reads in SGLang's scheduler processes; ValueError when the result is no valid ``DrafterConfig``."""
     from sglang_histospec.plugin.adapter import DRAFTER_CONFIG_ENV, drafter_config_from_env
+    from sglang_histospec.server.launch import drafter_fields_from_args
 
-    threads = getattr(args, "draft_threads", None)
-    if threads is None:
+    fields = drafter_fields_from_args(args)
+    if not fields:
         return
     drafter_config_from_env(environ)  # ValueError: the variable is bad already
-    merged = {**json.loads(environ.get(DRAFTER_CONFIG_ENV, "").strip() or "{}"), "draft_threads": threads}
-    drafter_config_from_env({DRAFTER_CONFIG_ENV: json.dumps(merged)})  # ValueError: a bad --draft-threads
+    merged = {**json.loads(environ.get(DRAFTER_CONFIG_ENV, "").strip() or "{}"), **fields}
+    drafter_config_from_env({DRAFTER_CONFIG_ENV: json.dumps(merged)})  # ValueError: a bad flag value
     environ[DRAFTER_CONFIG_ENV] = json.dumps(merged)
 
 

@@ -272,8 +272,8 @@ def test_drafter_config_from_env():
 
 
 def test_histospec_serve_passes_draft_threads_to_the_plugin():
-    """``histospec serve --backend sglang --draft-threads N`` reaches the workers through $HISTOSPEC_DRAFTER_CONFIG,
-    merged into the fields already there."""
+    """``histospec serve --backend sglang``'s drafter flags (``--draft-threads N``, ``--scorer``, ...) reach the
+    workers through $HISTOSPEC_DRAFTER_CONFIG, merged into the fields already there."""
     import argparse
 
     from sglang_histospec.commands import serve as serve_command
@@ -293,3 +293,8 @@ def test_histospec_serve_passes_draft_threads_to_the_plugin():
     assert drafter_config_from_env(env).draft_threads == 2
     with pytest.raises(ValueError, match="draft_threads=0"):
         drafter_env(parser.parse_args(["--backend", "sglang", "--model", "/m", "--draft-threads", "0"]), {})
+    env = {}
+    flags = ["--history-window", "3", "--scorer", "counts", "--draft-mode", "chain"]
+    drafter_env(parser.parse_args(["--backend", "sglang", "--model", "/m", *flags]), env)
+    cfg = drafter_config_from_env(env)
+    assert (cfg.window, cfg.scorer, cfg.tree) == (3, "counts", False)
