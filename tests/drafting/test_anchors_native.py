@@ -23,6 +23,7 @@ from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.anchors import DEPTH_MAX, SCAN, AnchorIndex
 from sglang_histospec.drafting.native_anchors import NativeAnchorIndex  # CI builds the extension from source
 from sglang_histospec.drafting.types import SOURCES, WEIGHT_ONE, accepted_length
+from tests.helpers.threads import run_threads
 
 VOCAB = 4
 PROMPTS = ("p0", "p1", "p2")
@@ -404,25 +405,16 @@ def test_running_siblings_under_concurrent_starts_and_ends():
     their locks (a deadlock would leave a thread alive)."""
     idx = NativeAnchorIndex(min_match=1, max_match=16, prompt_tail=1, sources=("running", "self"))
     base = np.random.default_rng(1).integers(0, 12, size=400).tolist()
-    errors: list[BaseException] = []
 
     def worker(w: int) -> None:
-        try:
-            for i in range(40):
-                rid = f"w{w}-{i}"
-                idx.start(rid, "p", [3, 9])
-                for pos in range(0, 60, 4):
-                    toks, parents, probs, _, _ = idx.draft_batch([rid], [8])[0]
-                    assert len(toks) == len(parents) == len(probs) <= 8
-                    idx.extend(rid, base[(w + i + pos) % 300 :][:4])
-                idx.remove_request(rid)
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the main thread
-            errors.append(exc)
+        for i in range(40):
+            rid = f"w{w}-{i}"
+            idx.start(rid, "p", [3, 9])
+            for pos in range(0, 60, 4):
+                toks, parents, probs, _, _ = idx.draft_batch([rid], [8])[0]
+                assert len(toks) == len(parents) == len(probs) <= 8
+                idx.extend(rid, base[(w + i + pos) % 300 :][:4])
+            idx.remove_request(rid)
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors and not any(t.is_alive() for t in threads)
+    run_threads(worker, 4)
     assert idx.check_integrity() is None

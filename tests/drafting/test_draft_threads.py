@@ -4,7 +4,6 @@ the anchor scorer, learns the counts) of one thread, in the same order; the sett
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.native import NativeIndex  # CI builds the extension from source
 from sglang_histospec.drafting.native_anchors import NativeAnchorIndex
 from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES, WEIGHT_ONE
+from tests.helpers.threads import run_threads
 
 REQS = tuple(f"r{i}" for i in range(12))
 PROMPTS = ("p0", "p1")
@@ -115,30 +115,21 @@ def test_threaded_drafts_under_concurrent_calls():
     idx = make("anchors", 4, ("history", "running", "self"), 1, 16)
     base = np.random.default_rng(2).integers(0, 12, size=400)
     idx.set_history("p", [base.astype(np.int32)], [WEIGHT_ONE])
-    errors: list[BaseException] = []
 
     def worker(w: int) -> None:
-        try:
-            for i in range(20):
-                ids = [f"w{w}-{i}-{k}" for k in range(8)]
+        for i in range(20):
+            ids = [f"w{w}-{i}-{k}" for k in range(8)]
+            for rid in ids:
+                idx.start(rid, "p", [3, 9])
+            for pos in range(0, 40, 4):
+                drafts = idx.draft_batch(ids, [8] * len(ids))
+                assert len(drafts) == len(ids) and all(len(d[0]) <= 8 for d in drafts)
                 for rid in ids:
-                    idx.start(rid, "p", [3, 9])
-                for pos in range(0, 40, 4):
-                    drafts = idx.draft_batch(ids, [8] * len(ids))
-                    assert len(drafts) == len(ids) and all(len(d[0]) <= 8 for d in drafts)
-                    for rid in ids:
-                        idx.extend(rid, base[(w + i + pos) % 300 :][:4].tolist())
-                for rid in ids:
-                    idx.remove_request(rid)
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the main thread
-            errors.append(exc)
+                    idx.extend(rid, base[(w + i + pos) % 300 :][:4].tolist())
+            for rid in ids:
+                idx.remove_request(rid)
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors and not any(t.is_alive() for t in threads)
+    run_threads(worker, 3)
     assert idx.check_integrity() is None
 
 
