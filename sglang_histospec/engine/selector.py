@@ -1,8 +1,10 @@
 """Which draft nodes a verify step verifies: the drafter's trees within the policy's budgets, cut and packed.
 
 ``DraftSelector.select`` asks the draft-size policy (``engine/policy.py``) for the step's budgets, the drafter for
-trees within them and the policy for their cut, and packs the kept nodes into the step's ``TreeBatch``. Example (``pack_draft``, the per-request part): the draft root -> 5 -> 6 and
-root -> 7, path probabilities 0.9, 0.2 (node 6) and 0.5, with ``min_score=0.4`` keeps draft nodes 0 and 1::
+trees within them and the policy for their cut, and packs the kept nodes into the step's ``TreeBatch``.
+
+Example (``pack_draft``, the per-request part): the draft root -> 5 -> 6 and root -> 7, path probabilities 0.9, 0.2
+(node 6) and 0.5, with ``min_score=0.4`` keeps draft nodes 0 and 1::
 
     pack_draft(Draft([5, 7, 6], [ROOT, ROOT, 0], [0.9, 0.5, 0.2]), budget=4, vocab_size=64, min_score=0.4)
     # ([0, 5, 7], [-1, 0, 0], [0, 1]): the root (token filled in later), 5 and 7, both children of the root

@@ -245,3 +245,20 @@ def test_a_drafting_step_tells_the_drafter_only_about_the_requests_it_drafts_for
     sel.select(running, prefill=0, started=time.perf_counter())
     assert heard == [("r0", [9, 9, 9])]
     assert [st.told for st in running] == [3, 0, 0]  # the others are told when they next draft (or finish)
+
+
+def test_always_drafts_every_node_whatever_the_step_times():
+    """draft_selection="always": no governor, no cut, no pause; rows priced far above a step's tokens change nothing,
+    so a repeated greedy request is drafted alike in every run."""
+    drafter = ScriptedDrafter({"p0": [7, 8, 9, 10, 11]})
+    sel = _selector(drafter, draft_selection="always")
+    sel.policy.step_cost = _expensive_rows()
+    assert sel.policy.governor is None and not sel.policy.cut_on
+    [st] = _running(1)
+    drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+    for _ in range(4):
+        started = time.perf_counter() - 0.01
+        got = sel.select([st], prefill=0, started=started)
+        assert got.tb.num_rows - 1 == 4  # the whole budget
+        sel.policy.observe(got, [WalkResult([], [3], [0])], 1, 0, 1, started)
+    assert sel.policy.counts == {}
