@@ -5,7 +5,7 @@ and prints a short table. Sections:
 
 - ``env``: interpreter, torch, the device, and the drafter's backend (the Python reference when the native extension
   is not built for this interpreter).
-- ``greedy``: the tiny model's greedy tokens with and without HistoSpec, token for token (``draft_selection="all"``;
+- ``greedy``: the tiny model's greedy tokens with and without HistoSpec, token for token (``draft_selection="always"``;
   the second round drafts from the first round's responses, now history).
 - ``gpu_tests``: the test files carrying the ``gpu`` marker, run by pytest in a subprocess; outcome per test.
 - ``forward``: seconds of one verify pass (the engine's ``TreeForward`` + logits + softmax, ``engine/profile.py``)
@@ -205,7 +205,7 @@ def _greedy_one(model_dir: str, device: str, dtype: str) -> dict:
     common = dict(model_path=model_dir, device=device, dtype=dtype, max_running_requests=GREEDY_PROMPTS)
     plain = Engine(EngineConfig(**common, speculative_algorithm="NONE")).generate(_greedy_requests("plain"))
     reference = [r.output_ids for r in plain]
-    spec = Engine(EngineConfig(**common, speculative_algorithm="HISTOSPEC", draft_selection="all"))
+    spec = Engine(EngineConfig(**common, speculative_algorithm="HISTOSPEC", draft_selection="always"))
     rounds = []
     for step in range(2):  # round 1 drafts from round 0's responses (history after end_step)
         rounds.append(_greedy_round(spec.generate(_greedy_requests(f"r{step}-")), reference))

@@ -20,13 +20,14 @@ import time
 import sglang_histospec.commands.bench_engine as bench_engine
 import sglang_histospec.engine.commit as commit
 import sglang_histospec.engine.engine as engine
+import sglang_histospec.engine.policy as policy
 import sglang_histospec.engine.selector as selector
 from sglang_histospec.cli import main as cli_main
 
 SECONDS: dict[tuple[str, str], float] = collections.defaultdict(float)
 CALLS: dict[tuple[str, str], int] = collections.defaultdict(int)
 ENGINE_METHODS = ("step", "_admit", "_retire", "_decode", "_forward", "_ensure_cache")
-PARTS = ("selector", "commit", "drafter", "scheduler")
+PARTS = ("selector", "policy", "commit", "drafter", "scheduler")
 
 
 def _tag(obj) -> str:
@@ -102,7 +103,8 @@ def main(argv: list[str]) -> None:
     _tag_engines()
     for name in ENGINE_METHODS:
         _wrap(engine.Engine, name, name)
-    _wrap_module(selector, ("select", "observe"))
+    _wrap_module(selector, ("select",))
+    _wrap_module(policy, ("step_budgets", "cut", "observe"))
     _wrap_module(commit, ("step", "finish"))
     _report_epochs()
     sys.argv = ["histospec", "bench", "engine", "--quick-model", "--batch", batch, "--epochs", "3"]

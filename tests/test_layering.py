@@ -204,3 +204,13 @@ def test_the_checker_sees_cycles_and_own_package_reads(tmp_path, files, cycles, 
     (tmp_path / "sglang_histospec" / "__init__.py").write_text("")
     graph, reads = _import_graph(tmp_path)
     assert (_cycles(graph), reads) == (cycles, own)
+
+
+def test_the_engine_stages_import_down():
+    """Within the engine, the draft-size policy and the selector sit below the commit stage and the engine loop:
+    neither imports them (the selector gets ``tell_drafter`` from ``engine/request.py``)."""
+    graph = _import_graph()[0]
+    upper = {"sglang_histospec.engine.commit", "sglang_histospec.engine.engine"}
+    for low in ("sglang_histospec.engine.policy", "sglang_histospec.engine.selector"):
+        assert graph[low] & upper == set(), low
+    assert "sglang_histospec.engine.selector" not in graph["sglang_histospec.engine.policy"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from sglang_histospec.engine.types import ADMISSIONS
+from sglang_histospec.engine.types import ADMISSIONS, DRAFT_SELECTIONS
 
 
 def parse_bool(text: str) -> bool:
@@ -48,4 +48,16 @@ def add_admission_flag(parser: argparse.ArgumentParser) -> None:
         choices=ADMISSIONS,
         help="groups: a free slot takes the waiting request whose prompt has the fewest running samples (a group's "
         "later samples start with a finished sibling in the history); fifo: arrival order",
+    )
+
+
+def add_draft_selection_flag(parser: argparse.ArgumentParser) -> None:
+    """``--draft-selection`` of the embedded engine (``EngineConfig.draft_selection``), default ``adaptive``."""
+    parser.add_argument(
+        "--draft-selection",
+        default="adaptive",
+        choices=DRAFT_SELECTIONS,
+        help="adaptive: a step drafts only while drafting is measured to pay, and keeps the draft nodes that pay for "
+        "their verify rows (timing-dependent); always: every step with a draft verifies every drafted node within "
+        "the budgets (the same greedy request is drafted alike in every run)",
     )

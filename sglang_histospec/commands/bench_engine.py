@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from sglang_histospec.commands._flags import add_admission_flag
+from sglang_histospec.commands._flags import add_admission_flag, add_draft_selection_flag
 from sglang_histospec.drafting.types import tau
 from sglang_histospec.engine.heap import frozen_heap
 
@@ -54,14 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget-policy",
         default=None,
         choices=["paper", "released", "fixed"],
-        help="per-request budget policy (default: the engine's: fixed --num-draft-tokens with the cost-aware cut)",
+        help="per-request budget policy (default: the engine's: fixed --num-draft-tokens with --draft-selection "
+        "adaptive, paper with always)",
     )
-    parser.add_argument(
-        "--draft-selection",
-        default="cost",
-        choices=["cost", "all"],
-        help="cost: the engine keeps the draft nodes that pay for their verify rows (measured online); all: keep all",
-    )
+    add_draft_selection_flag(parser)
     add_admission_flag(parser)
     parser.add_argument("--budget-fixed", type=int, default=8, help="budget of the fixed policy")
     parser.add_argument(
@@ -263,6 +259,7 @@ def _make_engine(args, alg: str, batch: int, budget, governor=None):
     (None: the engine's default)."""
     from sglang_histospec.engine import EngineConfig
     from sglang_histospec.engine.engine import Engine
+    from sglang_histospec.engine.types import DraftPolicyConfig
 
     return Engine(
         EngineConfig(
@@ -272,10 +269,9 @@ def _make_engine(args, alg: str, batch: int, budget, governor=None):
             max_running_requests=batch,
             num_draft_tokens=args.num_draft_tokens,
             seed=args.seed,
-            budget=budget,
             draft_selection=args.draft_selection,
+            policy=DraftPolicyConfig(budget=budget, governor=governor),
             admission=args.admission,
-            governor=governor,
         )
     )
 
@@ -351,7 +347,7 @@ def _setup(args, spec, batch: int, num_prompts: int, model_label: str, workload:
     """What the result ran: the workload, the engine's settings, the model and the machine."""
     import torch
 
-    cfg = spec.budgets.cfg
+    cfg = spec.policy.budgets.cfg
     return {
         "batch": batch,
         "epochs_measured": args.epochs - 1,

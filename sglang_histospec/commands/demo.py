@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sglang_histospec.commands._flags import add_draft_selection_flag
+
 COMMAND = ("demo",)
 HELP = "end-to-end demo: GRPO on SmolLM2-135M-Instruct, rollouts timed with vs without HistoSpec"
 TINY = "tiny"
@@ -46,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="real model only: requests each rollout server decodes together (default 4: on a CPU larger batches "
         "are compute-bound and leave drafting little to gain)",
     )
+    add_draft_selection_flag(parser)
     parser.add_argument("--out-dir", default="histospec-demo", help="trace, plots, summary.json and logs go here")
     parser.add_argument("--cache-dir", default=None, help="model cache (default $HISTOSPEC_CACHE_DIR or ~/.cache)")
     parser.add_argument("--seed", type=int, default=0)
@@ -103,7 +106,9 @@ def _run_llm(args: argparse.Namespace, out: Path, say: Any) -> tuple[list, dict]
     except ValueError as exc:
         raise SystemExit(str(exc)) from exc
     policy = warmed_policy(base, warm, args.cache_dir, progress=progress)
-    cfg = demo_run_config(args.quick, args.epochs, args.seed)
+    cfg = dataclasses.replace(
+        demo_run_config(args.quick, args.epochs, args.seed), draft_selection=args.draft_selection
+    )
     if args.max_running_requests is not None:
         try:  # GRPORunConfig validates the value
             cfg = dataclasses.replace(cfg, max_running_requests=args.max_running_requests)
@@ -148,11 +153,13 @@ def _run_tiny(args: argparse.Namespace, out: Path, say: Any) -> tuple[list, dict
         trace_path = out / "trace.jsonl.gz" if mode == "HISTOSPEC" else None
         if policy == "grpo":
             cfg = GRPORunConfig(epochs=epochs, num_prompts=16 if args.quick else 32,
-                                group_size=4 if args.quick else 8, prompts_per_step=8, seed=args.seed)  # fmt: skip
+                                group_size=4 if args.quick else 8, prompts_per_step=8, seed=args.seed,
+                                draft_selection=args.draft_selection)  # fmt: skip
             runs[mode] = run_grpo(model_dir, task, cfg, mode, out / f"work-{mode.lower()}", trace_path, progress)
         else:
             rcfg = RolloutConfig(epochs=epochs, group_size=4 if args.quick else 8,
-                                 num_prompts=16 if args.quick else None, seed=args.seed)  # fmt: skip
+                                 num_prompts=16 if args.quick else None, seed=args.seed,
+                                 draft_selection=args.draft_selection)  # fmt: skip
             runs[mode] = sample_epochs(model_dir, task, rcfg, mode, trace_path, progress)
     extra = {"policy": policy, "model": TINY, "model_dir": str(model_dir), "model_params": pre["num_params"],
              "missing": missing}  # fmt: skip

@@ -14,7 +14,7 @@ import importlib.util
 import logging
 import sys
 
-from sglang_histospec.commands._flags import add_admission_flag
+from sglang_histospec.commands._flags import add_admission_flag, add_draft_selection_flag
 
 COMMAND = ("serve",)
 HELP = "serve the HTTP rollout API (SGLang /generate, history push, stats, metrics, weight updates)"
@@ -64,15 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("paper", "released", "fixed"),
         default=None,
         help="per-request draft budgets (default: a fixed --num-draft-tokens, sized per step by --draft-selection "
-        "cost; with --draft-selection all: paper)",
+        "adaptive; with --draft-selection always: paper)",
     )
-    parser.add_argument(
-        "--draft-selection",
-        choices=("cost", "all"),
-        default="cost",
-        help="cost: keep the draft nodes whose expected accepted tokens pay for their verify rows (step time "
-        "measured online); all: keep every drafted node",
-    )
+    add_draft_selection_flag(parser)
     parser.add_argument("--history-dir", default=None, help="snapshot history here; restored at start")
     parser.add_argument("--snapshot-debounce-s", type=float, default=2.0)
     parser.add_argument(
@@ -137,7 +131,7 @@ def _drafter_config(args: argparse.Namespace):
 def _run_torch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sglang_histospec.drafting import BudgetConfig
-    from sglang_histospec.engine.types import EngineConfig
+    from sglang_histospec.engine.types import DraftPolicyConfig, EngineConfig
     from sglang_histospec.models import resolve_model
     from sglang_histospec.server.app import AppConfig, create_app
     from sglang_histospec.server.launch import limits_from_args, run_app
@@ -155,8 +149,8 @@ def _run_torch(args: argparse.Namespace) -> int:
             num_draft_tokens=args.num_draft_tokens,
             seed=args.seed,
             drafter=_drafter_config(args),
-            budget=BudgetConfig(policy=args.budget_policy) if args.budget_policy else None,
             draft_selection=args.draft_selection,
+            policy=DraftPolicyConfig(budget=BudgetConfig(policy=args.budget_policy) if args.budget_policy else None),
         )
         backend = TorchBackend(
             TorchBackendConfig(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sglang_histospec.demo.rollouts import EpochStats
+from sglang_histospec.engine.types import DRAFT_SELECTIONS
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class GRPORunConfig:
     """Requests each rollout server decodes together (``histospec serve --max-running-requests``); None = the
     server's default. Fewer running requests make a step cheaper and closer to memory-bound, where verifying draft
     rows costs little next to the step."""
+    draft_selection: str = "adaptive"
+    """The HistoSpec server's ``--draft-selection`` (``EngineConfig.draft_selection``): "adaptive" or "always"."""
     importance_sampling: bool = True
     """TRL's ``vllm_importance_sampling_correction`` (an extra forward over each batch; the rollouts are on-policy
     here, so the ratio it corrects is 1 up to rounding)."""
@@ -66,6 +69,8 @@ class GRPORunConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests={self.max_running_requests}: use >= 1, or None for the default")
+        if self.draft_selection not in DRAFT_SELECTIONS:
+            raise ValueError(f"draft_selection={self.draft_selection!r}: use one of {', '.join(DRAFT_SELECTIONS)}")
         if self.train_layers is not None and self.train_layers < 1:
             raise ValueError(f"train_layers={self.train_layers}: use >= 1, or None for the full model")
         if self.group_size < 2:
@@ -137,9 +142,9 @@ def run_grpo(
     tokenizer.padding_side = "left"
     run = _Run(config, task, tokenizer, trace_path, progress, speculative_algorithm)
     with ExitStack() as stack:
-        extra = (
-            [] if config.max_running_requests is None else ["--max-running-requests", str(config.max_running_requests)]
-        )
+        extra = ["--draft-selection", config.draft_selection]
+        if config.max_running_requests is not None:
+            extra += ["--max-running-requests", str(config.max_running_requests)]
         server = stack.enter_context(
             RolloutServerProcess(
                 model_dir, speculative_algorithm, log_path=work / "server.log", seed=config.seed, extra_args=extra

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from sglang_histospec.drafting.types import AcceptanceRates
+from sglang_histospec.engine.types import DRAFT_SELECTIONS
 from sglang_histospec.tasks.arith import ArithTask
 from sglang_histospec.trace.seeding import epoch_requests
 
@@ -41,6 +42,8 @@ class RolloutConfig:
     """Requests the engine decodes together."""
     num_draft_tokens: int = 16
     """Cap on draft nodes per request and verify step."""
+    draft_selection: str = "adaptive"
+    """The engine's ``draft_selection``: "adaptive" or "always"."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "group_size", "max_new_tokens", "max_running_requests"):
@@ -50,6 +53,8 @@ class RolloutConfig:
             raise ValueError(f"num_prompts={self.num_prompts}: must be >= 1 or None")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature}: must be >= 0")
+        if self.draft_selection not in DRAFT_SELECTIONS:
+            raise ValueError(f"draft_selection={self.draft_selection!r}: use one of {', '.join(DRAFT_SELECTIONS)}")
 
 
 @dataclass
@@ -185,6 +190,7 @@ def sample_epochs(
             speculative_algorithm=speculative_algorithm,
             max_running_requests=config.max_running_requests,
             num_draft_tokens=config.num_draft_tokens,
+            draft_selection=config.draft_selection,
             seed=config.seed,
         )
     )

@@ -21,7 +21,7 @@ from sglang_histospec.server.launch import free_port
 class RolloutServerProcess:
     """A rollout server subprocess (torch backend, CPU, one intra-op thread); ``url``, ``client``, ``stop()``.
 
-    ``extra_args`` are appended to the ``histospec serve`` command line (e.g. ``["--draft-selection", "all"]``)."""
+    ``extra_args`` are appended to the ``histospec serve`` command line (e.g. ``["--draft-selection", "always"]``)."""
 
     def __init__(
         self,

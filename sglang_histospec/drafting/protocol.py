@@ -31,7 +31,7 @@ class Drafter(Protocol):
     """The drafter contract (the module docstring has the request life and an example)."""
 
     calibration: DraftCalibration
-    """Acceptance learnt from verified drafts; the engine's draft selector and the plugin share it."""
+    """Acceptance learnt from verified drafts; the engine's draft-size policy and the plugin share it."""
 
     @property
     def open_step(self) -> int:

@@ -2,8 +2,8 @@
 
 Per request, the walk's tokens are appended until a stop token or ``max_new_tokens`` (``emit``); the accepted path's
 K/V, written at tree positions ``base + node``, moves to the consecutive positions ``base + 1, base + 2, ...``
-(``compaction_moves``); the budget controller is told the tree depth and accepted length. The drafter hears what
-the requests emitted lazily (``tell_drafter``, before a step drafts and before a request finishes), so that steps
+(``compaction_moves``); the draft-size policy is told the tree depth and accepted length. The drafter hears what
+the requests emitted lazily (``request.tell_drafter``, before a step drafts and before a request finishes), so that steps
 decoded plainly cost the drafter nothing. A finished request becomes a ``GenerateResult`` and, unless aborted or
 unrecorded, a response of the drafter's history (``Commit.finish``).
 
@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from sglang_histospec.drafting.protocol import Drafter
-from sglang_histospec.engine.request import RequestState
+from sglang_histospec.engine.policy import DraftPolicy
+from sglang_histospec.engine.request import RequestState, tell_drafter
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 from sglang_histospec.engine.types import GenerateResult
 
@@ -43,17 +44,6 @@ def emit(st: RequestState, walk: WalkResult, logprobs: list[float] | None) -> in
     return len(walk.tokens)
 
 
-def tell_drafter(drafter: Drafter, states: list[RequestState]) -> None:
-    """Tell the drafter the output tokens of ``states`` it has not heard yet (one ``extend_batch``)."""
-    late = [st for st in states if len(st.output) > st.told]
-    if not late:
-        return
-    rids, tokens = [st.req.rid for st in late], [st.output[st.told :] for st in late]
-    for st in late:
-        st.told = len(st.output)
-    drafter.extend_batch(rids, tokens)
-
-
 def compaction_moves(root_at: int, accepted_nodes: list[int]) -> list[tuple[int, int]]:
     """(source, destination) cache indices that pack the accepted path right after the root at ``root_at``."""
     return [(root_at + node, root_at + k) for k, node in enumerate(accepted_nodes, start=1) if node != k]
@@ -61,17 +51,17 @@ def compaction_moves(root_at: int, accepted_nodes: list[int]) -> list[tuple[int,
 
 class Commit:
     """Applies verify outcomes to the running requests, the KV cache (``move_tokens``), the drafter and the
-    budgets, and counts into the engine's ``stats``: verify_steps, draft_tokens, accepted_tokens,
+    draft-size policy (``request_step`` / ``request_done`` of ``engine/policy.py``), and counts into the engine's ``stats``: verify_steps, draft_tokens, accepted_tokens,
     generated_tokens, step_tokens, requests_finished, requests_aborted.
 
-    ``speculate``: the budgets forget finished ones;
-    ``adaptive``: the budgets learn each step's depth and accepted length; ``record_responses``: finished
+    ``speculate``: the policy forgets finished ones;
+    ``adaptive``: the policy learns each step's depth and accepted length; ``record_responses``: finished
     responses of requests with a prompt id go to the drafter's history."""
 
     def __init__(
         self,
         drafter: Drafter,
-        budgets,
+        policy: DraftPolicy,
         cache,
         device: torch.device,
         stats: collections.Counter,
@@ -81,7 +71,7 @@ class Commit:
         record_responses: bool,
     ) -> None:
         self.drafter = drafter
-        self.budgets = budgets
+        self.policy = policy
         self.cache = cache
         self.device = device
         self.stats = stats
@@ -118,8 +108,8 @@ class Commit:
             self.stats["generated_tokens"] += emitted
             self.stats["step_tokens"] += emitted
             step_emitted += emitted
-            if depths is not None:  # the budget controller counts chain depth: the tree's depth, the accepted length
-                self.budgets.update(st.req.rid, int(depths[b]), accepted)
+            if depths is not None:  # the budgets count chain depth: the tree's depth, the accepted length
+                self.policy.request_step(st.req.rid, int(depths[b]), accepted)
             if st.finish is None:
                 root_at = int(base[b])
                 moves += [(b, src, dst) for src, dst in compaction_moves(root_at, walk.accepted_nodes)]
@@ -130,7 +120,7 @@ class Commit:
         return step_emitted
 
     def finish(self, st: RequestState) -> GenerateResult:
-        """Close a finished (or aborted) request in the drafter and the budgets and build its result."""
+        """Close a finished (or aborted) request in the drafter and the policy and build its result."""
         req = st.req
         rid = req.rid
         if st.finish["type"] == "abort":
@@ -145,7 +135,7 @@ class Commit:
                 self.drafter.abort(rid)
             self.stats["requests_finished"] += 1
         if self.speculate:
-            self.budgets.remove(rid)
+            self.policy.request_done(rid)
         return GenerateResult(
             rid=rid,
             output_ids=list(st.output),

@@ -25,6 +25,7 @@ from sglang_histospec.engine.commit import Commit
 from sglang_histospec.engine.governor import critical_progress
 from sglang_histospec.engine.inputs import StepInputs, build_inputs
 from sglang_histospec.engine.model import TreeForward, check_architecture
+from sglang_histospec.engine.policy import DraftSizePolicy
 from sglang_histospec.engine.profile import profile_verify
 from sglang_histospec.engine.scheduler import Scheduler
 from sglang_histospec.engine.selector import DraftSelector
@@ -50,14 +51,14 @@ class Engine:
     """Batched generation for one Hugging Face causal LM (Llama, Qwen2, Qwen3) with HistoSpec drafting.
 
     Attributes: ``config`` (EngineConfig), ``drafter`` (``drafting.HistoSpecDrafter``; history survives weight
-    updates and cache flushes), ``budgets`` (``drafting.BudgetController``), ``tokenizer`` (the model directory's
-    tokenizer, or None), ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device),
-    ``model_path`` (the current weights' directory), ``weight_version`` (str | None), ``model`` (the HF model
-    holding the weights); ``step_cost``, ``calibration`` and ``governor`` are the draft selector's models
-    (``engine/selector.py``).
+    updates and cache flushes), ``policy`` (the draft-size policy, ``engine/policy.py`` DraftSizePolicy: its
+    ``budgets``, ``step_cost``, ``calibration`` and ``governor``), ``tokenizer`` (the model directory's tokenizer, or
+    None), ``vocab_size``, ``max_context_len``, ``eos_token_ids``, ``device`` (torch.device), ``model_path`` (the
+    current weights' directory), ``weight_version`` (str | None), ``model`` (the HF model holding the weights).
 
     ``drafter`` / ``budgets`` may be passed in (a ``drafting.Drafter``, ``drafting/protocol.py``, and any object
-    with ``step_budgets, update, remove``), e.g. to share a drafter or to verify hand-made drafts.
+    with ``step_budgets, update, remove``, the policy's per-request budgets), e.g. to share a drafter or to verify
+    hand-made drafts.
 
     Threading contract (for the server): an ``Engine`` is NOT thread-safe. Drive it from ONE thread: that thread
     calls ``add_request`` / ``abort`` / ``step`` / ``update_weights_from_disk`` / ``flush_cache`` / ``stats`` and the
@@ -96,53 +97,30 @@ class Engine:
         self.max_context_len = int(config.max_context_len or max_pos)
         self.eos_token_ids = self._eos_ids(model)
         self.tokenizer = self._load_tokenizer(config.model_path)
-        self.drafter, self.budgets = self._drafting_parts(config, drafter, budgets)
+        self.drafter = drafter if drafter is not None else self._default_drafter(config)
         self._stats = collections.Counter()
-        self.selector = DraftSelector(
-            config, self.drafter, self.budgets, self.max_context_len, self.vocab_size, self._stats
-        )
-        speculate = self.selector.speculate
-        # fixed budgets learn nothing from a step's outcome
-        adaptive = speculate and getattr(getattr(self.budgets, "cfg", None), "policy", None) != "fixed"
+        self.policy = DraftSizePolicy(config, self.drafter, self.max_context_len, budgets)
+        self.selector = DraftSelector(self.policy, self.drafter, self.vocab_size)
         self._merge_limit = max(8, config.num_draft_tokens + 1)
         self._cache = self._fwd.new_cache(
             config.max_running_requests, self.max_context_len + config.num_draft_tokens + 1
         )
-        if self.selector.cut:  # the cut's step model is fitted before the first drafting step (engine/profile.py)
+        if self.policy.cut_on:  # the cut's step model is fitted before the first drafting step (engine/profile.py)
             points = profile_verify(self._fwd, self._cache, config.max_running_requests, config.num_draft_tokens)
-            self.selector.seed_step_cost(points)
+            self.policy.seed_step_cost(points)
         self.scheduler = Scheduler(config.max_running_requests, config.seed, self.eos_token_ids, config.admission)
         self.commit = Commit(
             self.drafter,
-            self.budgets,
+            self.policy,
             self._cache,
             self.device,
             self._stats,
-            speculate=speculate,
-            adaptive=adaptive,
+            speculate=self.policy.speculate,
+            adaptive=self.policy.learns_depths,
             record_responses=config.record_responses,
         )
         self._done: list[GenerateResult] = []  # finished outside step() (aborts of queued requests, generate())
         self._started = time.time()
-
-    @property
-    def step_cost(self):
-        """The cost cut's step model (``drafting/draft_cut.py`` StepCostModel); may be replaced."""
-        return self.selector.step_cost
-
-    @step_cost.setter
-    def step_cost(self, model) -> None:
-        self.selector.step_cost = model
-
-    @property
-    def calibration(self):
-        """The draft calibration (the drafter's own)."""
-        return self.selector.calibration
-
-    @property
-    def governor(self):
-        """The measured drafting guard (SpecGovernor) with ``draft_selection="cost"``, else None."""
-        return self.selector.governor
 
     # ------------------------------------------------------------------ public API
     def add_request(self, request: GenerateRequest) -> None:
@@ -278,10 +256,11 @@ class Engine:
     def stats(self) -> dict:
         """Counters: requests_total, requests_finished, requests_aborted, requests_running, requests_waiting,
         prompt_tokens, generated_tokens, verify_steps (request-steps), forward_passes, draft_tokens,
-        accepted_tokens, weight_updates, kv_cache_growths (times the KV cache grew, ``reserve``), tau (generated tokens per request-step), accept_rate, drafter stats under "drafter", the
-        cost-aware cut's models under "step_cost" (ready, row_cost_s, calibration bins, draft_pauses: times the
-        cut stopped drafting for ``pause_steps`` steps, paused_steps), speculative_algorithm,
-        weight_version, model_path, device."""
+        accepted_tokens, weight_updates, kv_cache_growths (times the KV cache grew, ``reserve``), tau (generated
+        tokens per request-step), accept_rate, drafter stats under "drafter", the draft-size policy's models under
+        "step_cost" (``DraftSizePolicy.stats``: ready, row_cost_s, calibration bins, draft_pauses: times the cut
+        stopped drafting for ``pause_steps`` steps, paused_steps, governor), speculative_algorithm, weight_version,
+        model_path, device."""
         s = self._stats
         steps = s["verify_steps"]
         out = {
@@ -310,14 +289,7 @@ class Engine:
             model_path=self.model_path,
             device=str(self.device),
             drafter=self.drafter.stats(),
-            step_cost={
-                "ready": self.step_cost.ready,
-                "row_cost_s": self.step_cost.row_cost(),
-                "calibration": self.calibration.table(),
-                "draft_pauses": int(s["draft_pauses"]),
-                "paused_steps": int(s["paused_steps"]),
-                "governor": {} if self.governor is None else dict(self.governor.stats),
-            },
+            step_cost=self.policy.stats(),
         )
         return out
 
@@ -344,19 +316,11 @@ class Engine:
             return None
 
     @staticmethod
-    def _drafting_parts(config: EngineConfig, drafter: Drafter | None, budgets) -> tuple:
-        """The drafter and budget controller passed in, else the ``drafting`` ones (with the cost cut, a fixed budget
-        of ``num_draft_tokens``: the cut sizes the trees)."""
-        if drafter is None or budgets is None:
-            from sglang_histospec.drafting import BudgetConfig, BudgetController, DrafterConfig, HistoSpecDrafter
+    def _default_drafter(config: EngineConfig) -> Drafter:
+        """The ``drafting`` history drafter of ``config.drafter`` (its default when None)."""
+        from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 
-            drafter = drafter if drafter is not None else HistoSpecDrafter(config.drafter or DrafterConfig())
-            if budgets is None:
-                budget = config.budget
-                if budget is None and config.draft_selection == "cost":  # the cut sizes the trees
-                    budget = BudgetConfig(policy="fixed", fixed=config.num_draft_tokens, cost_limit=None)
-                budgets = BudgetController(budget or BudgetConfig())
-        return drafter, budgets
+        return HistoSpecDrafter(config.drafter or DrafterConfig())
 
     def _admit(self) -> None:
         for st in self.scheduler.admit():
@@ -411,7 +375,7 @@ class Engine:
             critical = critical_progress(rooms, [len(w.tokens) for w in verdict.walks])
         emitted = self.commit.step(running, sel.tb, verdict.walks, verdict.logprobs, inputs.base)
         # the step is timed without the cache's growth: a one-off that a plain engine pays at the same capacities
-        self.selector.observe(sel, verdict.walks, len(running), prefill, emitted, started + grown, critical)
+        self.policy.observe(sel, verdict.walks, len(running), prefill, emitted, started + grown, critical)
 
     def _ensure_cache(self, slots: int, tokens: int) -> float:
         """``KVCache.ensure``; returns the seconds it took when the cache grew (a copy of every cached token), else 0."""

@@ -68,7 +68,7 @@ class GovernorConfig:
     within a few steps instead of at the next probe of plain decoding (0 = only probes update the ratio)."""
     scale_decay: float = 0.5
     """Per drafting step, the weight of the past in the decayed sums of accepted and predicted draft nodes whose
-    ratio scales the calibrated probabilities the cut weighs (the selector's acceptance scale; 0 = the last step
+    ratio scales the calibrated probabilities the cut weighs (the policy's acceptance scale; 0 = the last step
     only)."""
     scale_prior: float = 4.0
     """Predicted nodes of ratio 1 the acceptance scale starts from at each new history step."""
@@ -319,7 +319,7 @@ class SpecGovernor:
 
     def trusts_spec(self, bsz: int) -> bool:
         """Whether drafting was measured to win in the bucket of ``bsz`` (after both modes were compared); a
-        drafting step that is not trusted is a probe, whose draft rows the selector caps (``probe_cost``)."""
+        drafting step that is not trusted is a probe, whose draft rows the policy caps (``probe_cost``)."""
         self._flush()
         b = self._buckets.get(_bucket(bsz))
         return b is not None and b.log_ratio is not None and b.spec_wins()

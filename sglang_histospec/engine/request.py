@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sglang_histospec.drafting.protocol import Drafter
 from sglang_histospec.engine.types import GenerateRequest
 
 
@@ -30,7 +31,7 @@ class RequestState:
     kv_len: int = 0  # tokens[:kv_len] have their K/V in the cache slot
     uniforms: np.ndarray = field(default_factory=lambda: np.empty(0))  # u[skip + j] draws output token j
     skip: int = 0  # sampling.seed_offset: uniforms used by the tokens emitted before a resumption
-    told: int = 0  # output tokens the drafter was told (``commit.tell_drafter`` catches it up before it drafts)
+    told: int = 0  # output tokens the drafter was told (``tell_drafter`` catches it up before it drafts)
     verify_ct: int = 0
     draft_ct: int = 0
     accept_ct: int = 0
@@ -54,3 +55,14 @@ class RequestState:
         if len(self.uniforms) < need:
             self.uniforms = np.concatenate([self.uniforms, self.rng.random(max(64, need - len(self.uniforms)))])
         return self.uniforms[base + offsets]
+
+
+def tell_drafter(drafter: Drafter, states: list[RequestState]) -> None:
+    """Tell the drafter the output tokens of ``states`` it has not heard yet (one ``extend_batch``)."""
+    late = [st for st in states if len(st.output) > st.told]
+    if not late:
+        return
+    rids, tokens = [st.req.rid for st in late], [st.output[st.told :] for st in late]
+    for st in late:
+        st.told = len(st.output)
+    drafter.extend_batch(rids, tokens)

@@ -22,12 +22,15 @@ from sglang_histospec.drafting.types import MAX_TOKEN_ID
 
 if TYPE_CHECKING:  # the drafting types; imported lazily by the engine
     from sglang_histospec.drafting import BudgetConfig, DrafterConfig
+    from sglang_histospec.drafting.draft_cut import StepCostConfig
     from sglang_histospec.engine.governor import GovernorConfig
 
 SPECULATIVE_ALGORITHMS = ("HISTOSPEC", "NONE")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 ADMISSIONS = ("fifo", "groups")
 """Admission orders of the engine's scheduler (``EngineConfig.admission``)."""
+DRAFT_SELECTIONS = ("adaptive", "always")
+"""Whether and how much a step drafts (``EngineConfig.draft_selection``)."""
 
 
 def _check_token_ids(name: str, ids: Any, allow_empty: bool) -> None:
@@ -151,6 +154,22 @@ class GenerateResult:
 
 
 @dataclass(slots=True)
+class DraftPolicyConfig:
+    """Knobs of the draft-size policy (``engine/policy.py`` DraftSizePolicy); whether it cuts and guards is
+    ``EngineConfig.draft_selection``."""
+
+    budget: BudgetConfig | None = None
+    """Per-request budget policy (``drafting.BudgetController``); None = a fixed budget of ``num_draft_tokens`` nodes
+    when ``draft_selection`` is "adaptive" (the cut sizes the trees), else the ``drafting`` default (AIMD)."""
+    governor: GovernorConfig | None = None
+    """With ``draft_selection="adaptive"``: the measured guard that lets steps draft only while drafting steps run at
+    least as many tokens/s as plain ones (``engine/governor.py``); None = its defaults."""
+    step_cost: StepCostConfig | None = None
+    """With ``draft_selection="adaptive"``: the cut's step-time model and its longest pause
+    (``drafting/draft_cut.py`` StepCostModel); None = its defaults."""
+
+
+@dataclass(slots=True)
 class EngineConfig:
     """Configuration of the embedded engine (one model, one device)."""
 
@@ -173,18 +192,16 @@ class EngineConfig:
     """"HISTOSPEC" (draft trees from the history drafter, verified losslessly) or "NONE" (one token per step)."""
     num_draft_tokens: int = 16
     """Hard cap on draft nodes per request and step (the root excluded); budgets never exceed it."""
-    budget: BudgetConfig | None = None
-    """Per-request budget policy (``drafting.BudgetController``); None = a fixed budget of ``num_draft_tokens`` nodes
-    when ``draft_selection`` is "cost" (the cut below sizes the trees), else the ``drafting`` default (AIMD)."""
-    draft_selection: str = "cost"
-    """"cost": each step keeps the most likely draft nodes of the whole batch as long as their expected accepted
-    tokens pay for their verify rows, per a step-time model measured online (``drafting/draft_cut.py``); "all": keep
-    every drafted node (within the budgets)."""
+    draft_selection: str = "adaptive"
+    """"adaptive": a step drafts only while drafting steps are measured to run at least as many tokens/s as plain
+    ones (``engine/governor.py``), and keeps the most likely draft nodes of the whole batch as long as their expected
+    accepted tokens pay for their verify rows, per a step-time model measured online (``drafting/draft_cut.py``);
+    whether a request is drafted then depends on step timings. "always": every step with a draft drafts and verifies
+    every drafted node within the budgets, so the same greedy request is drafted alike run after run."""
+    policy: DraftPolicyConfig = field(default_factory=DraftPolicyConfig)
+    """The draft-size policy's knobs (``engine/policy.py`` DraftSizePolicy): budgets, governor, step model."""
     drafter: DrafterConfig | None = None
     """History drafter configuration (``drafting.HistoSpecDrafter``); None = its default."""
-    governor: GovernorConfig | None = None
-    """With ``draft_selection="cost"``: the measured guard that lets steps draft only while drafting steps run at
-    least as many tokens/s as plain ones (``engine/governor.py``); None = its defaults."""
     seed: int = 0
     """Seed of requests without their own seed."""
     record_responses: bool = True
@@ -219,7 +236,9 @@ class EngineConfig:
             not isinstance(self.max_context_len, int) or self.max_context_len < 2
         ):
             raise ValueError(f"max_context_len={self.max_context_len!r}; use an int >= 2 or None")
-        if self.draft_selection not in ("cost", "all"):
-            raise ValueError(f"draft_selection={self.draft_selection!r}; use 'cost' or 'all'")
+        if self.draft_selection not in DRAFT_SELECTIONS:
+            raise ValueError(f"draft_selection={self.draft_selection!r}; use one of {', '.join(DRAFT_SELECTIONS)}")
+        if not isinstance(self.policy, DraftPolicyConfig):
+            raise ValueError(f"policy is a {type(self.policy).__name__}; pass a DraftPolicyConfig")
         if not isinstance(self.num_draft_tokens, int) or not 0 <= self.num_draft_tokens <= 256:
             raise ValueError(f"num_draft_tokens={self.num_draft_tokens!r}; use an int in [0, 256]")

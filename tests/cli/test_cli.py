@@ -55,3 +55,16 @@ def test_serve_chain_with_anchors_names_the_fix():
     args = cli.build_parser().parse_args(["serve", "--model", "m", "--scorer", "anchors", "--draft-mode", "chain"])
     with pytest.raises(ValueError, match="set scorer='counts'"):
         serve._drafter_config(args)
+
+
+@pytest.mark.parametrize("command", [["serve", "--model", "m"], ["bench", "engine"], ["demo"]])
+def test_draft_selection_flag_is_shared(command, capsys):
+    """serve, bench engine and demo take the same --draft-selection (EngineConfig.draft_selection), default
+    adaptive; the old names are gone."""
+    parser = cli.build_parser()
+    assert parser.parse_args(command).draft_selection == "adaptive"
+    assert parser.parse_args([*command, "--draft-selection", "always"]).draft_selection == "always"
+    for old in ("cost", "all"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--draft-selection", old])
+    assert "invalid choice: 'all' (choose from 'adaptive', 'always')" in capsys.readouterr().err

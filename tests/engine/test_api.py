@@ -285,13 +285,13 @@ def test_unsupported_architecture(tmp_path):
 def test_finished_responses_recorded_aborted_not(paths, alg):
     """Finished responses become siblings (drafts within the step) and history after end_step; aborted ones and
     requests without a prompt id are never recorded."""
-    # draft_selection="all": this test checks that history turns into accepted drafts, not whether drafting pays
+    # draft_selection="always": this test checks that history turns into accepted drafts, not whether drafting pays
     # (the cost-aware cut measures wall time, so a loaded machine may rightly decline to draft); the recorded
     # sources only, so that what the second request accepts comes from the recorded response, not from its own
     # repetitive context (the self source) or other prompts (global)
     drafter = DrafterConfig(sources=("history", "siblings"))
     engine = Engine(
-        EngineConfig(model_path=paths["a"], speculative_algorithm=alg, draft_selection="all", drafter=drafter)
+        EngineConfig(model_path=paths["a"], speculative_algorithm=alg, draft_selection="always", drafter=drafter)
     )
     prompt = [1, 30, 31, 32]
     first = engine.generate([req("a", prompt, prompt_id="p", max_new_tokens=16, ignore_eos=True, temperature=0.0)])[0]

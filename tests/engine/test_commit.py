@@ -1,4 +1,4 @@
-"""The commit (engine/commit.py): tokens up to the finish, KV compaction, the drafter, the budgets, results."""
+"""The commit (engine/commit.py): tokens up to the finish, KV compaction, the drafter, the draft-size policy, results."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from sglang_histospec.engine import GenerateRequest, SamplingParams
-from sglang_histospec.engine.commit import Commit, compaction_moves, emit, tell_drafter
-from sglang_histospec.engine.request import RequestState
+from sglang_histospec.engine.commit import Commit, compaction_moves, emit
+from sglang_histospec.engine.request import RequestState, tell_drafter
 from sglang_histospec.engine.treebatch import TreeBatch, WalkResult
 
 
@@ -25,7 +25,7 @@ def _state(rid="a", max_new=8, return_logprob=False, prompt_id="p"):
 
 
 class Recorder:
-    """Fake drafter, budgets and KV cache: records every call."""
+    """Fake drafter, policy and KV cache: records every call."""
 
     def __init__(self):
         self.calls = []
@@ -34,11 +34,11 @@ class Recorder:
         return lambda *args: self.calls.append((name, *args))
 
 
-def _commit(drafter, budgets, cache, stats=None, speculate=True, adaptive=False):
+def _commit(drafter, policy, cache, stats=None, speculate=True, adaptive=False):
     stats = collections.Counter() if stats is None else stats
     return Commit(
         drafter,
-        budgets,
+        policy,
         cache,
         torch.device("cpu"),
         stats,
@@ -69,8 +69,8 @@ def test_compaction_moves():
 def test_step_commits_tokens_cache_and_drafter():
     """Request 0 accepts tree nodes 2 then 3 (moved next to its root), request 1 stops; the drafter hears nothing
     (it is told lazily, ``tell_drafter``)."""
-    drafter, budgets, cache, stats = Recorder(), Recorder(), Recorder(), collections.Counter()
-    commit = _commit(drafter, budgets, cache, stats, adaptive=True)
+    drafter, policy, cache, stats = Recorder(), Recorder(), Recorder(), collections.Counter()
+    commit = _commit(drafter, policy, cache, stats, adaptive=True)
     a, b = _state("a", return_logprob=True), _state("b")
     tb = TreeBatch.build([([0, 7, 8, 9], [-1, 0, 0, 2]), None], root_tokens=[5, 5])
     walks = [WalkResult([2, 3], [8, 9, 4], [0, 2, 3]), WalkResult([], [2], [4])]
@@ -81,7 +81,7 @@ def test_step_commits_tokens_cache_and_drafter():
     [(name, slot, src, dst)] = cache.calls
     assert name == "move_tokens" and slot.tolist() == [0, 0] and src.tolist() == [3, 4] and dst.tolist() == [2, 3]
     assert drafter.calls == []
-    assert budgets.calls == [("update", "a", 2, 2), ("update", "b", 0, 0)]  # tree depth, accepted length
+    assert policy.calls == [("request_step", "a", 2, 2), ("request_step", "b", 0, 0)]  # tree depth, accepted length
     assert dict(stats) == {
         "verify_steps": 2,
         "draft_tokens": 3,
@@ -92,11 +92,11 @@ def test_step_commits_tokens_cache_and_drafter():
 
 
 def test_step_without_speculation():
-    drafter, budgets, cache = Recorder(), Recorder(), Recorder()
-    off = _commit(drafter, budgets, cache, speculate=False)
+    drafter, policy, cache = Recorder(), Recorder(), Recorder()
+    off = _commit(drafter, policy, cache, speculate=False)
     st = _state()
     off.step([st], TreeBatch.build([None], [5]), [WalkResult([], [7], [0])], None, base=np.array([1]))
-    assert drafter.calls == [] and budgets.calls == [] and cache.calls == [] and st.kv_len == 2
+    assert drafter.calls == [] and policy.calls == [] and cache.calls == [] and st.kv_len == 2
 
 
 def test_the_drafter_is_told_each_token_once_when_asked():
@@ -113,8 +113,8 @@ def test_the_drafter_is_told_each_token_once_when_asked():
 
 
 def test_finish_records_or_aborts():
-    drafter, budgets, stats = Recorder(), Recorder(), collections.Counter()
-    commit = _commit(drafter, budgets, None, stats)
+    drafter, policy, stats = Recorder(), Recorder(), collections.Counter()
+    commit = _commit(drafter, policy, None, stats)
     done, aborted, anonymous = _state("a"), _state("b", return_logprob=True), _state("c", prompt_id=None)
     for st, finish in ((done, {"type": "length", "length": 1}), (aborted, {"type": "abort", "message": "x"})):
         st.output, st.finish, st.draft_ct = [7], finish, 2
@@ -125,7 +125,7 @@ def test_finish_records_or_aborts():
     commit.finish(anonymous)
     # the finished request's drafts learn from its whole response first (one that never drafted is not told)
     assert drafter.calls == [("extend_batch", ["a"], [[7]]), ("finish", "a", [7]), ("abort", "b"), ("abort", "c")]
-    assert budgets.calls == [("remove", "a"), ("remove", "b"), ("remove", "c")]
+    assert policy.calls == [("request_done", "a"), ("request_done", "b"), ("request_done", "c")]
     assert stats == {"requests_finished": 2, "requests_aborted": 1}
     drafter.calls.clear()
     undrafted = _state("d")

@@ -68,7 +68,11 @@ def sample(path, sampling, n, mode, refs):
         drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=2, wrong_first=mode == "wrong")
         engine = Engine(
             EngineConfig(
-                model_path=path, device="cpu", max_running_requests=512, record_responses=False, draft_selection="all"
+                model_path=path,
+                device="cpu",
+                max_running_requests=512,
+                record_responses=False,
+                draft_selection="always",
             ),
             drafter=drafter,
             budgets=FixedBudgets(4),

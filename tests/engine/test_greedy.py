@@ -11,6 +11,7 @@ import torch
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
 from sglang_histospec.engine.engine import Engine
 from sglang_histospec.engine.governor import GovernorConfig
+from sglang_histospec.engine.types import DraftPolicyConfig
 from tests.helpers.engine_tools import FixedBudgets, ScriptedDrafter
 from tests.helpers.tiny import make_tiny_model_dir
 
@@ -121,7 +122,7 @@ def check_histospec_equals_plain(model_dirs, arch, kind, branch, wrong_first, bu
         drafter=drafter,
         budget=budget,
         max_running=max_running,
-        draft_selection="all",
+        draft_selection="always",
     )
     assert [r.output_ids for r in spec] == [r.output_ids for r in plain]
     assert [r.finish_reason for r in spec] == [r.finish_reason for r in plain]
@@ -145,7 +146,7 @@ def test_histospec_equals_plain_scripted_matrix(model_dirs, arch, kind, branch, 
     check_histospec_equals_plain(model_dirs, arch, kind, branch, wrong_first, budget, max_running)
 
 
-@pytest.mark.parametrize("arch, selection", [("llama", "all"), ("qwen3", "all"), ("llama", "cost")])
+@pytest.mark.parametrize("arch, selection", [("llama", "always"), ("qwen3", "always"), ("llama", "adaptive")])
 def test_histospec_equals_plain_with_history_drafter(model_dirs, arch, selection):
     """The real HistoSpecDrafter over three epochs of the same prompts: identical outputs; with every drafted node
     verified, tau above 2 once history exists (the default cost-aware cut sizes drafts by measured time, so only
@@ -161,7 +162,7 @@ def test_histospec_equals_plain_with_history_drafter(model_dirs, arch, selection
         engine.drafter.end_step(epoch)
         assert [r.output_ids for r in res] == [r.output_ids for r in plain], f"epoch {epoch}"
         taus.append(sum(r.completion_tokens for r in res) / sum(r.spec_verify_ct for r in res))
-    if selection == "all":
+    if selection == "always":
         assert taus[1] > 2.0 and taus[2] > 2.0, taus
     assert engine.drafter.stats()["prompts"] == len(ps)
 
@@ -173,13 +174,15 @@ def _run_with_cut(model_dirs, ps, selection, row_cost):
     drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=2, wrong_first=False)
     # the cut alone: no explore budget (it would hold the first steps plain until this engine's plain steps are fitted)
     gov = GovernorConfig(explore_budget=math.inf)
-    cfg = EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection=selection, governor=gov)
+    cfg = EngineConfig(
+        model_path=model_dirs["llama"], device="cpu", draft_selection=selection, policy=DraftPolicyConfig(governor=gov)
+    )
     engine = Engine(cfg, drafter=drafter, budgets=FixedBudgets(8))
     model = StepCostModel()
     for extra in (0, 10) * 16:  # a ready model: 50 ms per step (far above the drafting time), row_cost per extra row
         model.observe(4, 4 + extra, 0.05 + row_cost * extra)
     model.observe = lambda *a, **k: None  # keep the primed costs for the whole run
-    engine.step_cost = model
+    engine.policy.step_cost = model
     return engine.generate(requests(ps)), engine.stats()
 
 
@@ -189,8 +192,8 @@ def test_cost_cut_keeps_outputs_and_sizes_trees(model_dirs, row_cost, fewer):
     already prefills), free rows keep them all; outputs equal plain decoding either way."""
     ps = prompts(8, seed=5)
     plain = [r.output_ids for r in plain_outputs(model_dirs["llama"], ps)]
-    cut, cut_stats = _run_with_cut(model_dirs, ps, "cost", row_cost)
-    every, every_stats = _run_with_cut(model_dirs, ps, "all", row_cost)
+    cut, cut_stats = _run_with_cut(model_dirs, ps, "adaptive", row_cost)
+    every, every_stats = _run_with_cut(model_dirs, ps, "always", row_cost)
     assert [r.output_ids for r in cut] == plain and [r.output_ids for r in every] == plain
     assert cut_stats["step_cost"]["ready"] and every_stats["draft_tokens"] > 0
     if fewer:  # nothing pays for its rows: drafting pauses (1, 2, 4, ... steps without drafting work)
@@ -204,9 +207,13 @@ def test_cost_cut_keeps_outputs_and_sizes_trees(model_dirs, row_cost, fewer):
 
 def test_default_budget_follows_draft_selection(model_dirs):
     cut = Engine(EngineConfig(model_path=model_dirs["llama"], device="cpu", num_draft_tokens=12))
-    assert cut.budgets.cfg.policy == "fixed" and cut.budgets.cfg.fixed == 12 and cut.budgets.cfg.cost_limit is None
-    keep_all = Engine(EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection="all"))
-    assert keep_all.budgets.cfg.policy == "paper"
+    assert (
+        cut.policy.budgets.cfg.policy == "fixed"
+        and cut.policy.budgets.cfg.fixed == 12
+        and cut.policy.budgets.cfg.cost_limit is None
+    )
+    keep_all = Engine(EngineConfig(model_path=model_dirs["llama"], device="cpu", draft_selection="always"))
+    assert keep_all.policy.budgets.cfg.policy == "paper"
     with pytest.raises(ValueError, match="draft_selection"):
         EngineConfig(model_path=model_dirs["llama"], draft_selection="some")
 
@@ -231,7 +238,7 @@ def test_seeded_sampling_emits_the_same_tokens_with_and_without_drafts(model_dir
     cfg = dict(model_path=model_dirs["qwen2"], device="cpu", max_running_requests=4)
     plain = Engine(EngineConfig(speculative_algorithm="NONE", **cfg)).generate(_sampled_requests(ps))
     if kind == "history":  # the real drafter, fed the plain run's responses as the previous epoch
-        engine = Engine(EngineConfig(**cfg, draft_selection="all"), budgets=FixedBudgets(6))
+        engine = Engine(EngineConfig(**cfg, draft_selection="always"), budgets=FixedBudgets(6))
         for i, (p, r) in enumerate(zip(ps, plain)):
             engine.drafter.add(f"p{i}", 0, [r.output_ids], prompt_tokens=p)
     else:
@@ -239,7 +246,7 @@ def test_seeded_sampling_emits_the_same_tokens_with_and_without_drafts(model_dir
         if kind == "wrong":
             refs = {k: v[:2] + [(t + 1) % VOCAB for t in v[2:]] for k, v in refs.items()}
         drafter = ScriptedDrafter(refs, vocab_size=VOCAB, branch=branch, wrong_first=wrong_first)
-        engine = Engine(EngineConfig(**cfg, draft_selection="all"), drafter=drafter, budgets=FixedBudgets(6))
+        engine = Engine(EngineConfig(**cfg, draft_selection="always"), drafter=drafter, budgets=FixedBudgets(6))
     spec = engine.generate(_sampled_requests(ps))
     assert [r.output_ids for r in spec] == [r.output_ids for r in plain]
     stats = engine.stats()

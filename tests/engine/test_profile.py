@@ -38,7 +38,7 @@ def test_profile_times_every_point_after_a_warm_up(tmp_path):
         profile_verify(engine._fwd, engine._cache, max_batch=0, extra_per_request=8)
 
 
-@pytest.mark.parametrize("selection, ready", [("cost", True), ("all", False)])
+@pytest.mark.parametrize("selection, ready", [("adaptive", True), ("always", False)])
 def test_the_cut_is_ready_before_the_first_step(tmp_path, selection, ready):
     with torch_threads(1):
         engine = Engine(
@@ -46,9 +46,9 @@ def test_the_cut_is_ready_before_the_first_step(tmp_path, selection, ready):
                 model_path=make_tiny_model_dir(tmp_path / "m"), max_running_requests=8, draft_selection=selection
             )
         )
-    assert engine.step_cost.ready is ready
+    assert engine.policy.step_cost.ready is ready
     if ready:
-        assert engine.step_cost.row_cost() >= 0.0 and engine.step_cost.base_cost(8) > 0.0
+        assert engine.policy.step_cost.row_cost() >= 0.0 and engine.policy.step_cost.base_cost(8) > 0.0
 
 
 def test_the_profile_leaves_the_cache_as_a_plain_engine_has_it(tmp_path):
@@ -60,7 +60,7 @@ def test_the_profile_leaves_the_cache_as_a_plain_engine_has_it(tmp_path):
             Engine(EngineConfig(model_path=model, max_running_requests=8, speculative_algorithm=alg))
             for alg in ("HISTOSPEC", "NONE")
         ]
-        assert engines[0].step_cost.ready and [e._cache.capacity for e in engines] == [0, 0]
+        assert engines[0].policy.step_cost.ready and [e._cache.capacity for e in engines] == [0, 0]
         for e in engines:
             e.reserve(40)
     assert [(e._cache.slots, e._cache.capacity) for e in engines] == [(8, 64), (8, 64)]

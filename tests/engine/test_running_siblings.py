@@ -33,7 +33,7 @@ def lead_and_late(model_dir, sources: tuple[str, ...]) -> dict:
         model_path=model_dir,
         device="cpu",
         admission="fifo",
-        draft_selection="all",
+        draft_selection="always",
         num_draft_tokens=8,
         drafter=DrafterConfig(sources=sources, prompt_tail=2),
     )

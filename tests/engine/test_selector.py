@@ -1,8 +1,8 @@
-"""The draft selector (engine/selector.py): packing drafts, budgets, the cost cut, pauses and what it learns."""
+"""The draft selector (engine/selector.py) and the draft-size policy (engine/policy.py): packing drafts, budgets, the
+cost cut, pauses and what the policy learns."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import time
@@ -17,9 +17,11 @@ from sglang_histospec.drafting.draft_cut import StepCostModel
 from sglang_histospec.drafting.flat import FlatDrafts
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams
 from sglang_histospec.engine.governor import GovernorConfig
+from sglang_histospec.engine.policy import DraftSizePolicy
 from sglang_histospec.engine.scheduler import Scheduler
 from sglang_histospec.engine.selector import DraftSelector, _tree_nodes, pack_draft, pack_flat
 from sglang_histospec.engine.treebatch import WalkResult
+from sglang_histospec.engine.types import DraftPolicyConfig
 from tests.helpers.engine_tools import FixedBudgets, ScriptedDrafter
 
 D = Draft([5, 7, 6], [ROOT, ROOT, 0], [0.9, 0.5, 0.2])  # root -> 5 -> 6, root -> 7
@@ -75,10 +77,12 @@ def test_pack_flat_matches_pack_draft_per_draft(case):
 
 
 def _selector(drafter, budgets=None, max_context_len=64, **cfg):
-    # the selector's own rules: no explore budget (it holds drafting until plain steps were timed; test_governor.py)
-    cfg.setdefault("governor", GovernorConfig(explore_budget=math.inf))
-    config = EngineConfig(model_path="unused", **cfg)
-    return DraftSelector(config, drafter, budgets or FixedBudgets(4), max_context_len, 64, collections.Counter())
+    # the policy's own rules: no explore budget (it holds drafting until plain steps were timed; test_governor.py)
+    config = EngineConfig(
+        model_path="unused", policy=DraftPolicyConfig(governor=GovernorConfig(explore_budget=math.inf)), **cfg
+    )
+    policy = DraftSizePolicy(config, drafter, max_context_len, budgets or FixedBudgets(4))
+    return DraftSelector(policy, drafter, 64)
 
 
 def _running(n=2, max_new=8, prompt=(1, 5, 6)):
@@ -96,26 +100,26 @@ def test_step_budgets_are_capped():
     running = _running(3, max_new=8)
     running[1].output = [9] * 6  # 1 token left after the root's: at most 1 draft node
     running[2].tokens = running[2].tokens + [9] * 59  # 2 tokens of context room left
-    sel = _selector(ScriptedDrafter({}), FixedBudgets(20), num_draft_tokens=5, draft_selection="all")
-    assert sel.step_budgets(running) == [5, 1, 2]
+    sel = _selector(ScriptedDrafter({}), FixedBudgets(20), num_draft_tokens=5, draft_selection="always")
+    assert sel.policy.step_budgets(running) == [5, 1, 2]
     plain = _selector(ScriptedDrafter({}), speculative_algorithm="NONE")
-    assert not plain.speculate and plain.step_budgets(running) == [0, 0, 0]
+    assert not plain.policy.speculate and plain.policy.step_budgets(running) == [0, 0, 0]
 
 
 def test_select_packs_trees_and_learns_what_was_accepted():
     """Request r0 has a reference continuation (a chain of 4 within its budget), r1 none (its root alone)."""
     drafter = ScriptedDrafter({"p0": [7, 8, 9, 10, 11]})
-    sel = _selector(drafter, draft_selection="all")
+    sel = _selector(drafter, draft_selection="always")
     running = _running(2)
     for st in running:
         drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
     got = sel.select(running, prefill=4, started=0.0)
     assert got.drafted and got.nodes.tolist() == [0, 1, 2, 3]  # r0's four nodes; r1 drafted nothing
     assert got.tb.counts.tolist() == [5, 1] and got.tb.tokens.tolist() == [6, 7, 8, 9, 10, 6]
-    before = sel.calibration.table()
-    sel.observe(got, [WalkResult([1, 2], [7, 8, 3], [0, 1, 2]), WalkResult([], [4], [5])], 2, 4, 4, 0.0)
-    assert sel.calibration.table() != before  # 2 of the 4 verified nodes accepted
-    assert sel.step_cost.ready is False  # one real step: far from min_steps
+    before = sel.policy.calibration.table()
+    sel.policy.observe(got, [WalkResult([1, 2], [7, 8, 3], [0, 1, 2]), WalkResult([], [4], [5])], 2, 4, 4, 0.0)
+    assert sel.policy.calibration.table() != before  # 2 of the 4 verified nodes accepted
+    assert sel.policy.step_cost.ready is False  # one real step: far from min_steps
 
 
 def _expensive_rows() -> StepCostModel:
@@ -130,9 +134,9 @@ def test_cut_pauses_drafting_when_nothing_pays():
     """Drafting that cannot pay still verifies its best node; once drafting is measured to cost host time, such a
     step pauses drafting for 1 step, then 2, 4, ... (doubling)."""
     drafter = ScriptedDrafter({"p0": [7, 8, 9, 10, 11]})
-    sel = _selector(drafter, draft_selection="cost")
-    sel.step_cost = _expensive_rows()
-    sel.governor = None
+    sel = _selector(drafter, draft_selection="adaptive")
+    sel.policy.step_cost = _expensive_rows()
+    sel.policy.governor = None
     [st] = _running(1)
     drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
     pattern = []
@@ -140,10 +144,10 @@ def test_cut_pauses_drafting_when_nothing_pays():
         started = time.perf_counter() - 0.01  # 10 ms of drafting work
         got = sel.select([st], prefill=0, started=started)
         pattern.append(got.tb.num_rows - 1)
-        sel.observe(got, [WalkResult([], [3], [0])], 1, 0, 1, started)
+        sel.policy.observe(got, [WalkResult([], [3], [0])], 1, 0, 1, started)
     # no drafting time measured yet at the first cut; then 1 node and a pause of 1, of 2, of 4 steps
     assert pattern == [1, 1, 0, 1, 0, 0, 1, 0]
-    assert sel.stats == {"draft_pauses": 3, "paused_steps": 4}
+    assert sel.policy.counts == {"draft_pauses": 3, "paused_steps": 4}
 
 
 def _cheap_rows() -> StepCostModel:
@@ -161,10 +165,10 @@ def test_a_probe_of_drafting_verifies_only_its_best_nodes(trusted, ramp, rows):
     drafter = ScriptedDrafter({"p0": list(range(10, 50))})
     scripted = drafter.draft
     drafter.draft = lambda rid, b: dataclasses.replace(scripted(rid, b), source="anchors")  # probabilities as drafted
-    sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="cost")
-    sel.step_cost = _cheap_rows()
-    sel.governor.trusts_spec = lambda bsz: trusted
-    sel._ramp = ramp
+    sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="adaptive")
+    sel.policy.step_cost = _cheap_rows()
+    sel.policy.governor.trusts_spec = lambda bsz: trusted
+    sel.policy._ramp = ramp
     [st] = _running(1, max_new=64)
     drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
     got = sel.select([st], prefill=0, started=time.perf_counter())
@@ -175,7 +179,7 @@ def _cut_step(sel, st, accepted: int):
     """One selected step of request ``st`` whose first ``accepted`` tree nodes the target accepted."""
     got = sel.select([st], prefill=0, started=time.perf_counter())
     walk = WalkResult(list(range(1, accepted + 1)), [3] * (accepted + 1), [0] * (accepted + 1))
-    sel.observe(got, [walk], 1, 0, accepted + 1, time.perf_counter())
+    sel.policy.observe(got, [walk], 1, 0, accepted + 1, time.perf_counter())
     return got
 
 
@@ -193,36 +197,36 @@ def test_ramp_and_acceptance_scale_follow_what_was_accepted(accepted, ramp, scal
     drafter = ScriptedDrafter({"p0": list(range(10, 50))})
     scripted = drafter.draft
     drafter.draft = lambda rid, b: dataclasses.replace(scripted(rid, b), source="anchors")
-    sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="cost")
-    sel.step_cost = _cheap_rows()
+    sel = _selector(drafter, FixedBudgets(40), num_draft_tokens=40, draft_selection="adaptive")
+    sel.policy.step_cost = _cheap_rows()
     [st] = _running(1, max_new=64)
     drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
     got = _cut_step(sel, st, accepted)
     assert got.tb.num_rows - 1 == 25 and got.predicted == pytest.approx(25.0)
-    assert sel._ramp == ramp
-    assert sel.acceptance_scale() == pytest.approx(scale)
+    assert sel.policy._ramp == ramp
+    assert sel.policy.acceptance_scale() == pytest.approx(scale)
 
 
 def test_new_history_step_resets_ramp_and_scale():
     drafter = ScriptedDrafter({"p0": [7, 8]})
     drafter.open_step = 0
-    sel = _selector(drafter, draft_selection="cost")
-    sel.step_budgets(_running(1))
-    sel._ramp, sel._scale = 8.0, [1.0, 9.0]
+    sel = _selector(drafter, draft_selection="adaptive")
+    sel.policy.step_budgets(_running(1))
+    sel.policy._ramp, sel.policy._scale = 8.0, [1.0, 9.0]
     drafter.open_step = 1
-    sel.step_budgets(_running(1))
-    assert sel._ramp == 1.0 and sel.acceptance_scale() == 1.0
+    sel.policy.step_budgets(_running(1))
+    assert sel.policy._ramp == 1.0 and sel.policy.acceptance_scale() == 1.0
 
 
 def test_new_history_step_ends_a_pause():
     drafter = ScriptedDrafter({"p0": [7, 8]})
     drafter.open_step = 0
-    sel = _selector(drafter, draft_selection="cost")
-    sel._pause = 3
+    sel = _selector(drafter, draft_selection="adaptive")
+    sel.policy._pause = 3
     running = _running(1)
-    assert sel.step_budgets(running) == [0]
+    assert sel.policy.step_budgets(running) == [0]
     drafter.open_step = 1  # the drafter moved on: whether drafting pays is measured anew
-    assert sel.step_budgets(running) == [4]
+    assert sel.policy.step_budgets(running) == [4]
 
 
 def test_a_drafting_step_tells_the_drafter_only_about_the_requests_it_drafts_for():
@@ -231,7 +235,7 @@ def test_a_drafting_step_tells_the_drafter_only_about_the_requests_it_drafts_for
     drafter = ScriptedDrafter({"p0": [7, 8, 9]})
     heard = []
     drafter.extend = lambda rid, toks: heard.append((rid, list(toks)))
-    sel = _selector(drafter, FixedBudgets(4), draft_selection="all")
+    sel = _selector(drafter, FixedBudgets(4), draft_selection="always")
     running = _running(3, max_new=8)
     for st in running:
         drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
@@ -241,3 +245,20 @@ def test_a_drafting_step_tells_the_drafter_only_about_the_requests_it_drafts_for
     sel.select(running, prefill=0, started=time.perf_counter())
     assert heard == [("r0", [9, 9, 9])]
     assert [st.told for st in running] == [3, 0, 0]  # the others are told when they next draft (or finish)
+
+
+def test_always_drafts_every_node_whatever_the_step_times():
+    """draft_selection="always": no governor, no cut, no pause; rows priced far above a step's tokens change nothing,
+    so a repeated greedy request is drafted alike in every run."""
+    drafter = ScriptedDrafter({"p0": [7, 8, 9, 10, 11]})
+    sel = _selector(drafter, draft_selection="always")
+    sel.policy.step_cost = _expensive_rows()
+    assert sel.policy.governor is None and not sel.policy.cut_on
+    [st] = _running(1)
+    drafter.start(st.req.rid, st.req.prompt_id, st.tokens)
+    for _ in range(4):
+        started = time.perf_counter() - 0.01
+        got = sel.select([st], prefill=0, started=started)
+        assert got.tb.num_rows - 1 == 4  # the whole budget
+        sel.policy.observe(got, [WalkResult([], [3], [0])], 1, 0, 1, started)
+    assert sel.policy.counts == {}

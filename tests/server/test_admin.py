@@ -142,9 +142,9 @@ def test_history_restored_after_restart(tiny_model_dir, tmp_path):
             time.sleep(0.05)
         srv.client.generate([prompt], prompt_ids=["sib"], max_new_tokens=4, temperature=0)
         saved = srv.client.stats()["history"]
-    # draft_selection="all": the restored history must turn into accepted drafts; whether drafting pays at once on
+    # draft_selection="always": the restored history must turn into accepted drafts; whether drafting pays at once on
     # a 16-token request is the governor's business (it first times plain steps, then waits for room to probe)
-    with ServerThread(tiny_model_dir, history_dir=hdir, draft_selection="all") as srv:
+    with ServerThread(tiny_model_dir, history_dir=hdir, draft_selection="always") as srv:
         restored = srv.client.stats()["history"]
         for key in ("prompts", "history_tokens", "open_step", "siblings"):
             assert restored[key] == saved[key], key

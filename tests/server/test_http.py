@@ -35,10 +35,10 @@ def tok():
 
 @pytest.fixture(scope="module")
 def spec(model_dir):
-    # draft_selection="all": these tests check that history turns into accepted drafts; whether drafting pays is
+    # draft_selection="always": these tests check that history turns into accepted drafts; whether drafting pays is
     # the engine's cost-aware cut, tested deterministically in tests/engine/test_greedy.py
     with ServerThread(
-        model_dir, speculative_algorithm="HISTOSPEC", max_request_bytes=2**20, draft_selection="all"
+        model_dir, speculative_algorithm="HISTOSPEC", max_request_bytes=2**20, draft_selection="always"
     ) as srv:
         yield srv
 
@@ -289,7 +289,7 @@ def test_greedy_identical_with_a_small_draft_budget_and_concurrent_clients(model
     prompts = [_ids(tok, p) for p in PROMPTS]
     kw = dict(max_new_tokens=16, temperature=0, ignore_eos=True)
     reference = [o["output_ids"] for o in plain.client.generate(prompts, **kw)]
-    with ServerThread(model_dir, num_draft_tokens=3, draft_selection="all") as srv:
+    with ServerThread(model_dir, num_draft_tokens=3, draft_selection="always") as srv:
         entries = [
             {"prompt_id": f"c{i}", "responses": [r], "prompt_tokens": p}
             for i, (p, r) in enumerate(zip(prompts, reference))

@@ -46,7 +46,7 @@ def servers(model_dir, tmp_path_factory):
             model_dir,
             speculative_algorithm="HISTOSPEC",
             log_path=str(logs / "on.log"),
-            extra_args=["--draft-selection", "all"],
+            extra_args=["--draft-selection", "always"],
         )
         off = pool.submit(
             RolloutServerProcess, model_dir, speculative_algorithm="NONE", log_path=str(logs / "off.log")
