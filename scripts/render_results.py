@@ -524,11 +524,6 @@ def render_lockstep(doc: Path) -> str:
     return lockstep_tables(RESULTS, doc)
 
 
-def _tau_ratio(cells: dict, n: int) -> float:
-    """HistoSpec's tau over the best peer's at budget ``n``."""
-    return cells[("histospec", n)]["tau"] / best_peer(cells, n)[1]
-
-
 def lockstep_ratios(trace: str) -> str | None:
     """``1.20x / 1.25x; 2.09x / 2.46x``: HistoSpec's tau over the best same-corpus peer, then over NGRAM as
     deployed, at N = 8 / 16 in lockstep; None without the trace's lockstep file."""
@@ -556,11 +551,6 @@ def readme_drafting_rows() -> list[list[str]]:
             workload = f"`{t}` lockstep replay" + (", held out" if t in HELD_OUT else "")
             rows.append(["tau vs best peer; vs NGRAM as deployed, N = 8 / 16", workload, measured, "1.3x; 1.5x",
                          "lockstep-replay"])  # fmt: skip
-    toy = {(r["drafter"], r["budget"]): r for r in find("replay_demo-grpo-trace_drafters").rows()}
-    measured = " / ".join(ratio(_tau_ratio(toy, n), DRAFT_TARGET) for n in (8, 16))
-    rows.append(
-        ["tau vs best peer, N = 8 / 16", "toy demo trace sequential replay", measured, "1.3x", "drafting-quality"]
-    )
     idx = find("bench_index").rows()
     p50, p99 = (statistics.median(r[k] for r in idx) for k in ("draft_us_p50", "draft_us_p99"))
     target = (
