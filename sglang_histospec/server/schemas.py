@@ -346,7 +346,7 @@ def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits) -
         raise FieldError(f"{where}.max_new_tokens", f"must be >= 1, got {sp.max_new_tokens}")
     if sp.seed is not None and sp.sampling_seed is not None and sp.seed != sp.sampling_seed:
         raise FieldError(f"{where}.seed", "differs from sampling_seed; send one of them")
-    seed_name = "sampling_seed" if sp.sampling_seed is not None else "seed"
+    seed_name = _seed_field(sp)
     seed = getattr(sp, seed_name)
     if seed is not None and seed < 0:
         raise FieldError(
@@ -355,6 +355,11 @@ def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits) -
     offset = _seed_offset(sp)
     if offset < 0:
         raise FieldError(f"{where}.custom_params.seed_offset", f"must be an int >= 0, got {offset}")
+
+
+def _seed_field(sp: SamplingParamsBody) -> str:
+    """Which field carries the seed: ``sampling_seed`` when sent, else ``seed`` (both equal when both are sent)."""
+    return "sampling_seed" if sp.sampling_seed is not None else "seed"
 
 
 def _seed_offset(sp: SamplingParamsBody) -> int:
@@ -370,7 +375,7 @@ def _max_new_tokens(sp: SamplingParamsBody, limits: ModelLimits, prompt_len: int
 
 def _sampling(sp: SamplingParamsBody, limits: ModelLimits, prompt_len: int, sample: int) -> SamplingParams:
     """The engine's sampling parameters of parallel sample ``sample`` (its seed is the body's seed + ``sample``)."""
-    seed = sp.sampling_seed if sp.sampling_seed is not None else sp.seed
+    seed = getattr(sp, _seed_field(sp))
     return SamplingParams(
         temperature=float(sp.temperature),
         top_p=float(sp.top_p),
