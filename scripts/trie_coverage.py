@@ -5,8 +5,11 @@ of the anchor scorer, which drafts exactly as the native one) this reads, once t
 how deep the realised continuation (its first N tokens) runs in the trie of every candidate anchor found, in the
 trie of the ``MAX_ANCHORS`` anchors kept, and in the N nodes drafted (the accepted tokens); the sum of the drafted
 nodes' calibrated path probabilities (the accepted tokens the scorer expects), the best first token's probability,
-and how many distinct first tokens the kept anchors propose. Prints one JSON line of per-draft means. A measuring
-aid for docs/results.md ("Drafting quality"), not a benchmark: it wraps the reference backend's methods.
+and how many distinct first tokens the kept anchors propose; and where a draft stops short of the kept anchors' trie,
+why (``loss_*``, shares of all drafts): ``loss_starved``, the draft did not go below the last accepted node at all
+(its budget went to other branches), or ``loss_wrong_branch``, it drafted other children there, not the realised one
+(``loss_siblings_1`` .. ``loss_siblings_3``: one, two, three or more of them). Prints one JSON line of per-draft means. A measuring aid for docs/results.md ("Drafting quality"), not a
+benchmark: it wraps the reference backend's methods.
 
 Example::
 
@@ -33,6 +36,29 @@ def _common(cont, actual) -> int:
     while m < min(len(cont), len(actual)) and cont[m] == actual[m]:
         m += 1
     return m
+
+
+def _loss(p, tree, actual) -> None:
+    """Tally why the draft stopped short of the kept anchors' trie on ``actual`` (nothing when it did not)."""
+    ids: list[int] = []  # the trie node of each drafted node (the draft lists them in BFS order)
+    for token, parent in zip(tree[0], tree[1]):
+        ids.append(p.kids[0 if parent < 0 else ids[parent]][token])
+    drafted = set(ids)
+    path, v = [0], 0
+    for t in actual:
+        v = p.kids[v].get(t, -1)
+        if v < 0:
+            break
+        path.append(v)
+    acc = next((i for i, u in enumerate(path[1:]) if u not in drafted), len(path) - 1)
+    if acc == len(path) - 1:
+        return
+    kids = [c for c in p.kids[path[acc]].values() if c in drafted]
+    if not kids:
+        TALLY["loss_starved"] += 1
+        return
+    TALLY["loss_wrong_branch"] += 1
+    TALLY[f"loss_siblings_{min(len(kids), 3)}"] += 1
 
 
 def _instrument(budget: int) -> None:
@@ -68,6 +94,7 @@ def _instrument(budget: int) -> None:
             TALLY["best_first_prob"] += max((q for q, par in zip(probs, parents) if par == -1), default=0.0)
             TALLY["first_tokens_proposed"] += len({c[0] for _, c in p.anchors if c})
             TALLY["candidates"] += len(p.candidates)
+            _loss(p, p.tree, actual)
         resolve(self, req, final)
 
     index._anchors, index._draft, index._resolve = found, drafted, resolved
