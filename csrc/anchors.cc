@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
@@ -24,6 +25,28 @@ namespace {
 int32_t ham_class(int32_t extra) { return extra <= 0 ? 0 : extra <= 3 ? 1 : extra <= 7 ? 2 : 3; }
 
 int32_t offset_class(int64_t dist) { return dist <= 2 ? 0 : dist <= 10 ? 1 : dist <= 40 ? 2 : 3; }
+
+int32_t count_class(int32_t n) {  // COUNT_EDGES at or below n
+  int32_t c = 0;
+  for (int32_t e : kCountEdges) c += n >= e;
+  return c;
+}
+
+int32_t third(int32_t part, int32_t whole) { return std::min(2, 3 * part / whole); }
+
+double raw_logit(double raw) {  // anchors.py raw_logit
+  const double x = std::min(std::max(raw, kLogitClip), 1.0 - kLogitClip);
+  return std::log(x / (1.0 - x));
+}
+
+// The re-ranker's logit of a node: bias + slope * logit(raw) + its classes' weights, in this order, bounded.
+double rerank_logit(const std::vector<double>& w, const PendingNode& nd) {
+  double z = w[kNumWeights - 2] + w[kNumWeights - 1] * nd.logit;
+  for (int32_t k = 0; k < kNumFeatures; ++k) z += w[kFeatureOffsets[k] + nd.features[k]];
+  return std::min(std::max(z, -kLogitMax), kLogitMax);
+}
+
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
 int32_t score_bin(double raw) {  // how many score edges lie below raw: a branchless search of 16 sorted slots
   static constexpr std::array<double, 16> edges = [] {  // kScoreEdges padded with +inf
@@ -58,10 +81,10 @@ int32_t anchor_class(int32_t source, int32_t kind, int64_t length, int32_t ham, 
 Learnt::Learnt()
     : tries(static_cast<size_t>(kNumClasses) * kDepthMax, 0),
       hits(static_cast<size_t>(kNumClasses) * kDepthMax, 0),
-      bin_nodes(kNumBins, 0),
-      bin_hits(kNumBins, 0),
+      weights(kNumWeights, 0.0),
       rates(static_cast<size_t>(kNumClasses) * kDepthMax, 0.0),
       rate0(kNumClasses, 0.0) {
+  weights[kNumWeights - 1] = 1.0;  // the slope of the raw score's logit: the re-ranker starts at the raw score
   for (int32_t c = 0; c < kNumClasses; ++c) update_rates(c);
 }
 
@@ -373,18 +396,22 @@ const std::array<int8_t, kDepthMax + 1>& depth_class() {
   return table;
 }
 
-// The trie of one draft: its nodes (token, parent, depth, bin) are built straight into the pending draft that
-// will learn from them; child links, noisy-OR misses and scores live here.
+// The trie of one draft: its nodes (token, parent, depth, features) are built straight into the pending draft that
+// will learn from them; child links, noisy-OR misses, anchor tallies and scores live here.
 struct Trie {
   std::vector<PendingNode>* nodes = nullptr;           // [size] node 0 is the root
   std::array<int32_t, kMaxNodes> first_child, next_sibling;  // [size] children lists (-1 ends)
   std::array<double, kMaxNodes> miss, best, score;           // [size] best: its anchors' largest rate; score: ranked only
+  std::array<int32_t, kMaxNodes> count;                      // [size] anchors through the node (root: all of them)
+  // [size] over its anchors: longest match's length class, best agreement class, substitutions, rewritten copies,
+  // history, self and running anchors (anchors.py _Trie.tally)
+  std::array<std::array<int32_t, 7>, kMaxNodes> tally;
 
   int32_t size() const { return static_cast<int32_t>(nodes->size()); }
 
   void reset(std::vector<PendingNode>& into) {
     nodes = &into;
-    into.assign(1, PendingNode{0, 0, 0, 0});
+    into.assign(1, PendingNode{});
     best[0] = 0.0;
     first_child[0] = -1;
   }
@@ -399,33 +426,58 @@ struct Trie {
     added.token = t;
     added.parent = static_cast<uint16_t>(v);
     added.depth = depth;
-    added.bin = 0;
+    added.features = {};
+    added.logit = 0.0;
     first_child[c] = -1;
     next_sibling[c] = first_child[v];
     first_child[v] = c;
     miss[c] = 1.0;
     best[c] = 0.0;
+    count[c] = 0;
+    tally[c] = {};
     return c;
   }
 
-  // Every node's recalibration bin: (length class of its depth, score edges below its raw noisy-OR score, score
-  // edges below its best anchor's rate).
-  void assign_bins() {
+  // An anchor of class cls with rate `rate` at this depth passes node v (anchors.py _Trie.add).
+  void add(int32_t v, double rate, int32_t cls) {
+    miss[v] *= 1.0 - rate;
+    best[v] = std::max(best[v], rate);
+    ++count[v];
+    const int32_t ham = cls / kNumExtra % 4, lc = cls / (kNumExtra * 4) % kNumLengthClasses;
+    const int32_t kind = cls / (kNumExtra * 4 * kNumLengthClasses) % kNumKinds;
+    const int32_t source = cls / (kNumExtra * 4 * kNumLengthClasses * kNumKinds);
+    std::array<int32_t, 7>& t = tally[v];
+    t[0] = std::max(t[0], lc);
+    t[1] = std::max(t[1], ham);
+    t[2] += kind == 1;
+    t[3] += kind >= kRewritten;
+    t[4] += source == kHistory;
+    t[5] += source == kSelf;
+    t[6] += source == kRunning;
+  }
+
+  // Every node's re-ranker features and raw logit (anchors.py node_features, raw_logit).
+  void assign_features() {
     const auto& dclass = depth_class();
     for (int32_t v = 1; v < size(); ++v) {
       PendingNode& nd = (*nodes)[v];
-      const int32_t raw_bin = dclass[nd.depth] * kNumScoreBins + score_bin(1.0 - miss[v]);
-      nd.bin = static_cast<uint16_t>(raw_bin * kNumScoreBins + score_bin(best[v]));
+      const double raw = 1.0 - miss[v];
+      const int32_t c = count[v], p = count[nd.parent];
+      const std::array<int32_t, 7>& t = tally[v];
+      nd.features = {static_cast<uint8_t>(dclass[nd.depth]), static_cast<uint8_t>(score_bin(raw)),
+                     static_cast<uint8_t>(score_bin(best[v])), static_cast<uint8_t>(count_class(c)),
+                     static_cast<uint8_t>(c == p ? 5 : 5 * c / p), static_cast<uint8_t>(t[0]),
+                     static_cast<uint8_t>(t[1]), static_cast<uint8_t>(third(t[2], c)),
+                     static_cast<uint8_t>(third(t[3], c)), static_cast<uint8_t>(third(t[4], c)),
+                     static_cast<uint8_t>(third(t[5], c)), static_cast<uint8_t>(third(t[6], c))};
+      nd.logit = raw_logit(raw);
     }
   }
 
-  // Recalibrated score q = (bin_hits + 2 raw) / (bin_nodes + 2), at most the parent's score.
+  // The re-ranker's probability, at most the parent's score.
   double score_of(int32_t v, const Learnt& learnt) const {
-    const double raw = 1.0 - miss[v];
-    const int32_t b = (*nodes)[v].bin;
-    const double q = (static_cast<double>(learnt.bin_hits[b]) + static_cast<double>(kRecalPriorNodes) * raw) /
-                     static_cast<double>(learnt.bin_nodes[b] + kRecalPriorNodes);
-    return std::min(q, score[(*nodes)[v].parent]);
+    const PendingNode& nd = (*nodes)[v];
+    return std::min(sigmoid(rerank_logit(learnt.weights, nd)), score[nd.parent]);
   }
 };
 
@@ -622,9 +674,11 @@ std::string check_pending(const Pending& p, int64_t ctx_len) {
   if (p.reach < 1 || p.reach > kDepthMax) return "a pending draft's reach is out of range";
   for (size_t u = 1; u < p.nodes.size(); ++u) {
     const PendingNode& nd = p.nodes[u];
-    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > p.reach || nd.bin >= kNumBins ||
-        nd.bin / (kNumScoreBins * kNumScoreBins) != length_class(nd.depth))
+    if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > p.reach ||
+        nd.features[0] != length_class(nd.depth) || !std::isfinite(nd.logit))
       return "a pending trie node is inconsistent";
+    for (int32_t k = 0; k < kNumFeatures; ++k)
+      if (nd.features[k] >= kFeatureSizes[k]) return "a pending trie node's feature is out of range";
   }
   for (const PendingAnchor& a : p.anchors)
     if (a.cls < 0 || a.cls >= kNumClasses || a.leaf == 0 || a.leaf >= p.nodes.size())
@@ -759,6 +813,27 @@ constexpr size_t kMaxSpare = 2 * kDepthMax;  // resolved drafts kept per request
 
 // One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax). An anchor tries each
 // depth below avail and the draft's reach (depths beyond its budget are no misses).
+// One step of the re-ranker on a draft's known nodes (anchors.py _learn_nodes): all errors first, then each node's
+// classes moved by kRerankLr x its error, node by node, then the bias and slope by kRerankLr x the mean error.
+void rerank_step(const Pending& p, int64_t avail, const uint8_t* hit, std::vector<double>& w) {
+  std::array<double, kMaxNodes> error;
+  int32_t n = 0;
+  for (size_t u = 1; u < p.nodes.size(); ++u)
+    if (p.nodes[u].depth <= avail) error[u] = static_cast<double>(hit[u]) - sigmoid(rerank_logit(w, p.nodes[u])), ++n;
+  if (n == 0) return;
+  double total = 0.0, slope = 0.0;
+  for (size_t u = 1; u < p.nodes.size(); ++u) {
+    if (p.nodes[u].depth > avail) continue;
+    const PendingNode& nd = p.nodes[u];
+    const double step = kRerankLr * error[u];
+    for (int32_t k = 0; k < kNumFeatures; ++k) w[kFeatureOffsets[k] + nd.features[k]] += step;
+    total += error[u];
+    slope += error[u] * nd.logit;
+  }
+  w[kNumWeights - 2] += kRerankLr * (total / n);
+  w[kNumWeights - 1] += kRerankLr * (slope / n);
+}
+
 void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
   const int64_t seen = std::min<int64_t>(avail, p.reach);
   std::array<uint8_t, kMaxNodes> hit;  // [nodes] on the path of the realised tokens (the root included)
@@ -778,11 +853,7 @@ void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
     for (int32_t d = 0; d < p.nodes[u].depth; ++d) ++hits[d];
     touched[a] = anchor.cls;
   }
-  for (size_t u = 1; u < p.nodes.size(); ++u) {
-    if (p.nodes[u].depth > avail) continue;
-    ++L.bin_nodes[p.nodes[u].bin];
-    L.bin_hits[p.nodes[u].bin] += hit[u];
-  }
+  rerank_step(p, avail, hit.data(), L.weights);
   auto* end = touched.begin() + p.anchors.size();
   std::sort(touched.begin(), end);
   for (auto* it = touched.begin(); it != end; it = std::upper_bound(it, end, *it)) L.update_rates(*it);
@@ -794,18 +865,27 @@ void AnchorDrafter::resolve(Request& req, bool final) {
   const int64_t n = static_cast<int64_t>(req.ctx.size());
   auto due = [&](const Pending& p) { return final || n - p.pos >= kDepthMax; };
   if (std::none_of(req.pending.begin(), req.pending.end(), due)) return;
-  size_t kept = 0;
+  // The due drafts learn in (pos, reach) order, whatever order a batch's threads appended a request's drafts in:
+  // the re-ranker's steps do not commute (anchors.py _resolve).
+  std::vector<uint32_t> order;
+  for (size_t i = 0; i < req.pending.size(); ++i)
+    if (due(req.pending[i])) order.push_back(static_cast<uint32_t>(i));
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const Pending &pa = req.pending[a], &pb = req.pending[b];
+    return pa.pos != pb.pos ? pa.pos < pb.pos : pa.reach < pb.reach;
+  });
   {
     std::unique_lock lock(stats_mu_);
-    for (size_t i = 0; i < req.pending.size(); ++i) {
-      Pending& p = req.pending[i];
-      if (due(p)) {
-        learn(p, req.ctx.data() + p.pos, std::min<int64_t>(n - p.pos, kDepthMax), learnt_);
-      } else {
-        if (kept != i) std::swap(req.pending[kept], p);  // keeps the order of the pending ones
-        ++kept;
-      }
+    for (uint32_t i : order) {
+      const Pending& p = req.pending[i];
+      learn(p, req.ctx.data() + p.pos, std::min<int64_t>(n - p.pos, kDepthMax), learnt_);
     }
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < req.pending.size(); ++i) {
+    if (due(req.pending[i])) continue;
+    if (kept != i) std::swap(req.pending[kept], req.pending[i]);  // keeps the order of the pending ones
+    ++kept;
   }
   for (size_t i = kept; i < req.pending.size() && req.spare.size() < kMaxSpare; ++i)
     req.spare.push_back(std::move(req.pending[i]));
@@ -871,12 +951,12 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
     int32_t v = 0;
     for (int64_t d = 0; d < len; ++d) {
       v = t.child(v, cont[d]);
-      t.miss[v] *= 1.0 - rate[d];
-      t.best[v] = std::max(t.best[v], rate[d]);
+      t.add(v, rate[d], f.cls);
     }
     p.anchors.push_back({f.cls, static_cast<uint16_t>(v)});
   }
-  t.assign_bins();
+  t.count[0] = static_cast<int32_t>(p.anchors.size());
+  t.assign_features();
 }
 
 }  // namespace
@@ -942,14 +1022,19 @@ std::vector<DraftOut> AnchorDrafter::draft_batch(const std::vector<std::string>&
 // ---------------------------------------------------------------------------------------------------------------
 // Introspection
 
-std::array<std::vector<int64_t>, 4> AnchorDrafter::learnt_counts() const {
+std::array<std::vector<int64_t>, 2> AnchorDrafter::learnt_counts() const {
   std::shared_lock lock(stats_mu_);
-  return {learnt_.tries, learnt_.hits, learnt_.bin_nodes, learnt_.bin_hits};
+  return {learnt_.tries, learnt_.hits};
+}
+
+std::vector<double> AnchorDrafter::learnt_weights() const {
+  std::shared_lock lock(stats_mu_);
+  return learnt_.weights;
 }
 
 size_t AnchorDrafter::memory_bytes() const {
   size_t total = sizeof(AnchorDrafter) + 2 * learnt_.tries.size() * sizeof(int64_t) +
-                 learnt_.rates.size() * sizeof(double) + 2 * kNumBins * sizeof(int64_t);
+                 learnt_.rates.size() * sizeof(double) + kNumWeights * sizeof(double);
   {
     std::shared_lock lock(sources_mu_);
     for (const auto& [id, e] : prompts_) {
@@ -981,8 +1066,8 @@ std::string AnchorDrafter::check_integrity() const {
     const Learnt& L = learnt_;
     for (size_t i = 0; i < L.tries.size(); ++i)
       if (L.hits[i] > L.tries[i] || L.hits[i] < 0) return "a learnt hit count exceeds its tries";
-    for (int32_t b = 0; b < kNumBins; ++b)
-      if (L.bin_hits[b] > L.bin_nodes[b] || L.bin_hits[b] < 0) return "a learnt hit count exceeds its tries";
+    for (double w : L.weights)
+      if (!std::isfinite(w)) return "a re-ranker weight is not finite";
     for (int32_t c = 0; c < kNumClasses; ++c) {
       const size_t base = static_cast<size_t>(c) * kDepthMax;
       for (int32_t d = 1; d < kDepthMax; ++d) {

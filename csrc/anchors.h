@@ -4,7 +4,8 @@
 //
 // An anchor is a position in a source whose preceding tokens match the end of a request's context, exactly or up
 // to one substituted last token. Its class's per-depth hit rates are learnt online; a trie of the best anchors'
-// continuations scores each node by the noisy-OR of its anchors' rates, recalibrated per (depth, score, best rate) bin.
+// continuations scores each node by the noisy-OR of its anchors' rates, re-ranked by a logistic model over the node's
+// feature classes (depth, score, best rate, how many anchors and of which kinds pass through it), learnt online.
 //
 // Locking (no snapshots of whole structures): sources are immutable corpora held by shared_ptr and swapped under
 // sources_mu_ (each change bumps a generation; a request re-reads its corpora only when it moved), so a draft
@@ -42,7 +43,10 @@ constexpr std::array<int32_t, 7> kLengthEdges{2, 3, 4, 6, 9, 13, 21};
 constexpr std::array<double, 14> kScoreEdges{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99};
 constexpr double kRatePrior = 0.6;
 constexpr int64_t kRatePriorNodes = 4;
-constexpr int64_t kRecalPriorNodes = 2;
+constexpr std::array<int32_t, 5> kCountEdges{2, 3, 5, 9, 17};  // COUNT_EDGES: anchors through a node
+constexpr double kRerankLr = 0.02;    // RERANK_LR
+constexpr double kLogitClip = 1e-4;   // LOGIT_CLIP
+constexpr double kLogitMax = 30.0;    // LOGIT_MAX
 constexpr int32_t kNumExtra = 12;
 constexpr int32_t kNumLengthClasses = static_cast<int32_t>(kLengthEdges.size()) + 1;  // 8
 constexpr int32_t kNumScoreBins = static_cast<int32_t>(kScoreEdges.size()) + 1;       // 15
@@ -50,7 +54,18 @@ constexpr int32_t kNumKinds = 4;   // NUM_KINDS: exact, substitution, and their 
 constexpr int32_t kRewritten = 2;  // REWRITTEN: a rewritten copy's kind is the original's plus this
 constexpr double kCopyPrior = 0.5;  // COPY_PRIOR: a rewritten copy's prior rates are this times an original's
 constexpr int32_t kNumClasses = kNumSources * kNumKinds * kNumLengthClasses * 4 * kNumExtra;  // 6144
-constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins * kNumScoreBins;         // 1800
+// FEATURE_SIZES: depth, raw score, best rate, anchors through the node, their share of the parent's, longest match,
+// best agreement, thirds of substitutions, rewritten copies, history, self and running anchors.
+constexpr int32_t kNumFeatures = 12;
+constexpr std::array<int32_t, kNumFeatures> kFeatureSizes{
+    kNumLengthClasses, kNumScoreBins, kNumScoreBins, static_cast<int32_t>(kCountEdges.size()) + 1, 6,
+    kNumLengthClasses, 4, 3, 3, 3, 3, 3};
+constexpr std::array<int32_t, kNumFeatures> kFeatureOffsets = [] {
+  std::array<int32_t, kNumFeatures> out{};
+  for (int32_t k = 1; k < kNumFeatures; ++k) out[k] = out[k - 1] + kFeatureSizes[k - 1];
+  return out;
+}();
+constexpr int32_t kNumWeights = kFeatureOffsets[kNumFeatures - 1] + kFeatureSizes[kNumFeatures - 1] + 2;  // + bias, slope
 constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most
 constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor draft ("anchors")
 
@@ -136,7 +151,8 @@ struct PendingNode {
   int32_t token;
   uint16_t parent;  // node index (0 = root); a trie has at most kMaxNodes nodes
   uint8_t depth;
-  uint16_t bin;     // (length_class(depth) * kNumScoreBins + raw score bin) * kNumScoreBins + best rate bin
+  std::array<uint8_t, kNumFeatures> features;  // the re-ranker's feature classes (anchors.py node_features)
+  double logit;                                  // raw_logit of the node's noisy-OR score
 };
 
 struct PendingAnchor {
@@ -186,7 +202,7 @@ using RunningGroup = std::shared_ptr<const std::vector<std::shared_ptr<Request>>
 // Learnt counts (int64, as the reference's numpy tables) and the rates derived from them.
 struct Learnt {
   std::vector<int64_t> tries, hits;          // [kNumClasses * kDepthMax]
-  std::vector<int64_t> bin_nodes, bin_hits;  // [kNumBins]
+  std::vector<double> weights;               // [kNumWeights] the re-ranker: feature classes, bias, slope
   std::vector<double> rates;                 // [kNumClasses * kDepthMax] shrunk to the prior, running minimum
   std::vector<double> rate0;                 // [kNumClasses] rates at depth 0 (the anchors' selection key)
   Learnt();
@@ -214,8 +230,9 @@ class AnchorDrafter {
   std::vector<DraftOut> draft_batch(const std::vector<std::string>& req_ids, const std::vector<int32_t>& budgets,
                                     std::vector<int64_t>* ns = nullptr, int32_t threads = 0);
 
-  // Debug: copies of the learnt counts (tries, hits [kNumClasses * kDepthMax], bin_nodes, bin_hits [kNumBins]).
-  std::array<std::vector<int64_t>, 4> learnt_counts() const;
+  // Debug: copies of the learnt counts (tries, hits [kNumClasses * kDepthMax]) and the re-ranker's weights.
+  std::array<std::vector<int64_t>, 2> learnt_counts() const;
+  std::vector<double> learnt_weights() const;
   int32_t draft_threads() const { return pool_.threads(); }
   size_t memory_bytes() const;
   std::string check_integrity() const;

@@ -216,7 +216,7 @@ void bind_backend(py::class_<D>& c) {
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Native history index of sglang-histospec (semantics: docs/drafting.md)";
-  m.attr("ABI_VERSION") = 5;  // 3: AnchorDrafter; 4: the running source; 5: draft_threads
+  m.attr("ABI_VERSION") = 6;  // 3: AnchorDrafter; 4: the running source; 5: draft_threads; 6: the re-ranker
 
   m.def(
       "suffix_array",
@@ -256,10 +256,14 @@ PYBIND11_MODULE(_native, m) {
     k["SCORE_EDGES"] = py::tuple(py::cast(std::vector<double>(kScoreEdges.begin(), kScoreEdges.end())));
     k["RATE_PRIOR"] = kRatePrior;
     k["RATE_PRIOR_NODES"] = kRatePriorNodes;
-    k["RECAL_PRIOR_NODES"] = kRecalPriorNodes;
+    k["COUNT_EDGES"] = py::tuple(py::cast(std::vector<int32_t>(kCountEdges.begin(), kCountEdges.end())));
+    k["FEATURE_SIZES"] = py::tuple(py::cast(std::vector<int32_t>(kFeatureSizes.begin(), kFeatureSizes.end())));
+    k["NUM_WEIGHTS"] = kNumWeights;
+    k["RERANK_LR"] = kRerankLr;
+    k["LOGIT_CLIP"] = kLogitClip;
+    k["LOGIT_MAX"] = kLogitMax;
     k["NUM_EXTRA"] = kNumExtra;
     k["NUM_CLASSES"] = kNumClasses;
-    k["NUM_BINS"] = py::make_tuple(kNumLengthClasses, kNumScoreBins, kNumScoreBins);
     m.attr("ANCHOR_CONSTANTS") = k;
   }
   py::class_<AnchorDrafter> anchors(m, "AnchorDrafter",
@@ -276,9 +280,9 @@ PYBIND11_MODULE(_native, m) {
       [](const AnchorDrafter& d) {
         using namespace histospec::anchors;
         const auto t = d.learnt_counts();
+        const std::vector<double> w = d.learnt_weights();
         return py::make_tuple(table(t[0], kNumClasses, kDepthMax), table(t[1], kNumClasses, kDepthMax),
-                              table(t[2], kNumLengthClasses * kNumScoreBins, kNumScoreBins),
-                              table(t[3], kNumLengthClasses * kNumScoreBins, kNumScoreBins));
+                              py::array_t<double>(static_cast<py::ssize_t>(w.size()), w.data()));
       },
-      "Debug: copies of (tries, hits) [classes, depth] and (bin_nodes, bin_hits) [length class x score bin, best rate bin].");
+      "Debug: copies of (tries, hits) [classes, depth] and the re-ranker's weights [NUM_WEIGHTS].");
 }

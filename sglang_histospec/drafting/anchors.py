@@ -8,7 +8,8 @@ to one substituted last token; where the aligned tokens before it differ from th
 its continuation carries the context's tokens over (a value the response computed differently, copied again later)
 as an anchor of its own kinds. Each anchor has a class (source, kind, match length, aligned agreement, age, offset,
 recency) whose per-depth hit rates are learnt online from the tokens that follow; a trie node scores the noisy-OR
-of its anchors' rates, recalibrated per (depth, score, best rate) bin; the draft is the best ``budget`` nodes. Semantics:
+of its anchors' rates, re-ranked by a logistic model over the node's features (its depth, score, best rate, how many
+anchors and of which kinds pass through it), learnt online; the draft is the best ``budget`` nodes. Semantics:
 docs/drafting.md section 13; same backend interface as ``ReferenceIndex``.
 
 Example::
@@ -20,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,17 +44,27 @@ GLOBAL_MIN_MATCH = 3
 LENGTH_EDGES = (2, 3, 4, 6, 9, 13, 21)
 """Match-length (and node-depth) classes: 1, 2, 3, 4-5, 6-8, 9-12, 13-20, 21+."""
 SCORE_EDGES = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 0.99)
-"""Bins of a node's raw score and of its best anchor's rate in the recalibration (a value falls in the bin that
+"""Classes of a node's raw score and of its best anchor's rate in the re-ranker (a value falls in the class that
 counts the edges below it)."""
-RATE_PRIOR, RATE_PRIOR_NODES, RECAL_PRIOR_NODES = 0.6, 4, 2
-"""Prior hit rate at depth d: RATE_PRIOR ** (d + 1), weighing RATE_PRIOR_NODES observations; a recalibration bin
-starts at the raw score, weighing RECAL_PRIOR_NODES."""
+RATE_PRIOR, RATE_PRIOR_NODES = 0.6, 4
+"""Prior hit rate at depth d: RATE_PRIOR ** (d + 1), weighing RATE_PRIOR_NODES observations."""
+COUNT_EDGES = (2, 3, 5, 9, 17)
+"""Classes of the number of anchors through a node: 1, 2, 3-4, 5-8, 9-16, 17+."""
+FEATURE_SIZES = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1, len(COUNT_EDGES) + 1, 6,
+                 len(LENGTH_EDGES) + 1, 4, 3, 3, 3, 3, 3)  # fmt: skip
+"""The re-ranker's features of a node, each a class with a learnt weight: depth, raw score, best rate, anchors
+through it, their share of its parent's, their longest match, their best agreement, and the thirds of them that are
+substitutions, rewritten copies, history, self and running anchors (``node_features``)."""
+NUM_WEIGHTS = sum(FEATURE_SIZES) + 2
+"""The re-ranker's weights: one per feature class, then the bias and the slope of the raw score's logit."""
+RERANK_LR, LOGIT_CLIP, LOGIT_MAX = 0.02, 1e-4, 30.0
+"""The re-ranker's learning rate, the clip of the raw score before its logit, and the bound of a node's logit."""
 NUM_EXTRA = 12
 NUM_KINDS = 4
 """Anchor kinds: 0 exact, 1 substitution, 2 and 3 their rewritten copies (``REWRITTEN`` + kind)."""
 REWRITTEN = 2
 NUM_CLASSES = len(SOURCES) * NUM_KINDS * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
-NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1)
+_OFFSETS = tuple(sum(FEATURE_SIZES[:k]) for k in range(len(FEATURE_SIZES)))
 
 _PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR ** (d + 1), by repeated products
 COPY_PRIOR = 0.5
@@ -67,6 +79,38 @@ def length_class(n: int) -> int:
 
 def _score_bin(x: float) -> int:
     return sum(1 for e in SCORE_EDGES if e < x)
+
+
+def share_class(count: int, parent_count: int) -> int:
+    """Class of a node that ``count`` of its parent's ``parent_count`` anchors pass through: ``5 * count //
+    parent_count``, and 5 when all of them do. Example: ``share_class(1, 4) == 1``, ``share_class(3, 3) == 5``."""
+    return 5 if count == parent_count else 5 * count // parent_count
+
+
+def _count_class(n: int) -> int:
+    return sum(1 for e in COUNT_EDGES if n >= e)
+
+
+def _third(part: int, whole: int) -> int:
+    return min(2, 3 * part // whole)
+
+
+def node_features(depth: int, raw: float, best: float, count: int, parent_count: int, tally: list[int]) -> tuple:
+    """The re-ranker's feature classes of a trie node (``FEATURE_SIZES``). ``tally``: over the anchors through it,
+    their longest match's length class, their best agreement class, and how many are substitutions (kind 1),
+    rewritten copies (kinds 2-3), history, self and running anchors. Example: a depth-1 node that all 3 anchors
+    share, each an exact history match of length 4 with agreement class 0, ``node_features(1, 0.9, 0.6, 3, 3,
+    [3, 0, 0, 0, 3, 0, 0])`` is ``(0, 10, 6, 2, 5, 3, 0, 0, 0, 2, 0, 0)``."""
+    lc, ham, sub, copy, hist, own, run = tally
+    return (length_class(depth), _score_bin(raw), _score_bin(best), _count_class(count),
+            share_class(count, parent_count), lc, ham, _third(sub, count), _third(copy, count),
+            _third(hist, count), _third(own, count), _third(run, count))  # fmt: skip
+
+
+def raw_logit(raw: float) -> float:
+    """The logit of the raw score, clipped to [LOGIT_CLIP, 1 - LOGIT_CLIP]."""
+    x = min(max(raw, LOGIT_CLIP), 1.0 - LOGIT_CLIP)
+    return math.log(x / (1.0 - x))
 
 
 def _ham_class(extra: int) -> int:
@@ -118,7 +162,8 @@ class _Pending:
     anchors: list[tuple[int, tuple[int, ...]]]  # (class, continuation)
     kids: list[dict[int, int]]  # trie: node -> {token: child}; node 0 is the root
     depth: list[int]
-    bins: list[tuple[int, int, int]]
+    features: list[tuple[int, ...]]  # [nodes] the re-ranker's feature classes (root: empty)
+    logits: list[float]  # [nodes] raw_logit of each node's raw score (root: 0.0)
 
 
 @dataclass
@@ -167,6 +212,52 @@ def rewritten(seq, j: int, ctx, n: int, reach: int) -> tuple[int, ...] | None:
     return tuple(cont) if changed else None
 
 
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+class _Trie:
+    """A draft's trie under construction: node 0 is the root; per node its token, parent, depth, the noisy-OR
+    miss and best rate of its anchors, how many pass through it and their tally (``node_features``)."""
+
+    def __init__(self, num_anchors: int) -> None:
+        self.kids: list[dict[int, int]] = [{}]
+        self.tok, self.par, self.depth = [0], [-1], [0]
+        self.miss, self.best, self.count = [1.0], [0.0], [num_anchors]
+        self.tally: list[list[int]] = [[0] * 7]
+        self.anchors: list[tuple[int, tuple[int, ...]]] = []
+        self.features: list[tuple[int, ...]] = [()]
+        self.logits: list[float] = [0.0]
+
+    def child(self, v: int, token: int) -> int:
+        """The child of ``v`` for ``token``, created when missing."""
+        nv = self.kids[v].get(token)
+        if nv is None:
+            nv = self.kids[v][token] = len(self.tok)
+            self.kids.append({})
+            self.tok.append(token)
+            self.par.append(v)
+            self.depth.append(self.depth[v] + 1)
+            self.miss.append(1.0)
+            self.best.append(0.0)
+            self.count.append(0)
+            self.tally.append([0] * 7)
+        return nv
+
+    def add(self, v: int, rate: float, lc: int, ham: int, kind: int, source: int) -> None:
+        """An anchor of rate ``rate`` at this depth, match length class ``lc``, agreement class ``ham``, passes ``v``."""
+        self.miss[v] *= 1.0 - rate
+        self.best[v] = max(self.best[v], rate)
+        self.count[v] += 1
+        t = self.tally[v]
+        t[0], t[1] = max(t[0], lc), max(t[1], ham)
+        t[2] += kind == 1
+        t[3] += kind >= REWRITTEN
+        t[4] += SOURCES[source] == "history"
+        t[5] += SOURCES[source] == "self"
+        t[6] += SOURCES[source] == "running"
+
+
 class AnchorIndex(SourceStore):
     """Reference backend of the anchor scorer (pure Python); interface of ``ReferenceIndex``."""
 
@@ -181,8 +272,8 @@ class AnchorIndex(SourceStore):
         self._requests: dict[str, _Request] = {}
         self._tries = np.zeros((NUM_CLASSES, DEPTH_MAX), dtype=np.int64)
         self._hits = np.zeros((NUM_CLASSES, DEPTH_MAX), dtype=np.int64)
-        self._bin_nodes = np.zeros(NUM_BINS, dtype=np.int64)
-        self._bin_hits = np.zeros(NUM_BINS, dtype=np.int64)
+        self._weights = [0.0] * NUM_WEIGHTS  # the re-ranker: classes, bias, slope (starts at 1: the raw score)
+        self._weights[-1] = 1.0
         self._rates: dict[int, list[float]] = {}
 
     # ---- sources (SourceStore's; a corpus is stored oldest first) ---------------------------------------------
@@ -350,47 +441,50 @@ class AnchorIndex(SourceStore):
             return empty
         keyed = sorted(((-self._rate(a[0])[0], a[1], a[2], a[3], i) for i, a in enumerate(found)))[:MAX_ANCHORS]
         chosen = [found[k[-1]] for k in keyed]
-        kids: list[dict[int, int]] = [{}]
-        tok, par, depth, miss, best = [0], [-1], [0], [1.0], [0.0]
-        anchors = []
-        for cls, _, _, _, seq, j, _ in chosen:
-            cont = tuple(seq[j : j + reach])
-            anchors.append((cls, cont))
-            rate, v = self._rate(cls), 0
-            for d, t in enumerate(cont):
-                nv = kids[v].get(t)
-                if nv is None:
-                    nv = kids[v][t] = len(tok)
-                    kids.append({})
-                    tok.append(t)
-                    par.append(v)
-                    depth.append(d + 1)
-                    miss.append(1.0)
-                    best.append(0.0)
-                miss[nv] *= 1.0 - rate[d]
-                best[nv] = max(best[nv], rate[d])
-                v = nv
-        score, bins = [1.0], [(0, 0, 0)]
-        for v in range(1, len(tok)):
-            raw = 1.0 - miss[v]
-            b = (length_class(depth[v]), _score_bin(raw), _score_bin(best[v]))
-            q = (self._bin_hits[b] + RECAL_PRIOR_NODES * raw) / (self._bin_nodes[b] + RECAL_PRIOR_NODES)
-            score.append(min(float(q), score[par[v]]))
-            bins.append(b)
-        req.pending.append(_Pending(len(req.context), reach, anchors, kids, depth, bins))
-        top = sorted(range(1, len(tok)), key=lambda v: (-score[v], depth[v], v))[:budget]
-        top.sort(key=lambda v: (depth[v], v))
+        t = self._trie(chosen, reach)
+        score = [1.0]
+        for v in range(1, len(t.tok)):
+            score.append(min(_sigmoid(self._logit(t.features[v], t.logits[v])), score[t.par[v]]))
+        req.pending.append(_Pending(len(req.context), reach, t.anchors, t.kids, t.depth, t.features, t.logits))
+        top = sorted(range(1, len(t.tok)), key=lambda v: (-score[v], t.depth[v], v))[:budget]
+        top.sort(key=lambda v: (t.depth[v], v))
         out = {v: i for i, v in enumerate(top)}
-        assert all(par[v] == 0 or par[v] in out for v in top), "a node without its parent"
-        parents = [out[par[v]] if par[v] else -1 for v in top]
-        return [tok[v] for v in top], parents, [score[v] for v in top], chosen[0][6], "anchors"
+        assert all(t.par[v] == 0 or t.par[v] in out for v in top), "a node without its parent"
+        parents = [out[t.par[v]] if t.par[v] else -1 for v in top]
+        return [t.tok[v] for v in top], parents, [score[v] for v in top], chosen[0][6], "anchors"
+
+    def _trie(self, chosen, reach: int) -> _Trie:
+        """The trie of the chosen anchors' continuations, each node with its re-ranker features (section 13.3)."""
+        t = _Trie(len(chosen))
+        for cls, source, kind, _, seq, j, length in chosen:
+            cont = tuple(seq[j : j + reach])
+            t.anchors.append((cls, cont))
+            rate, v = self._rate(cls), 0
+            ham = cls // NUM_EXTRA % 4
+            for d, token in enumerate(cont):
+                v = t.child(v, token)
+                t.add(v, rate[d], length_class(length), ham, kind, source)
+        for v in range(1, len(t.tok)):
+            raw = 1.0 - t.miss[v]
+            t.features.append(node_features(t.depth[v], raw, t.best[v], t.count[v], t.count[t.par[v]], t.tally[v]))
+            t.logits.append(raw_logit(raw))
+        return t
+
+    def _logit(self, features: tuple[int, ...], logit: float) -> float:
+        """The re-ranker's logit of a node: bias + slope * logit(raw score) + its classes' weights, bounded."""
+        w = self._weights
+        z = w[-2] + w[-1] * logit
+        for k, f in enumerate(features):
+            z += w[_OFFSETS[k] + f]
+        return min(max(z, -LOGIT_MAX), LOGIT_MAX)
 
     # ---- learning (section 13.4) -----------------------------------------------------------------------------
     def _resolve(self, req: _Request, final: bool) -> None:
-        """Learn from every pending draft whose next ``DEPTH_MAX`` tokens are known (all of them when ``final``):
-        an anchor tries each depth below the tokens known and the draft's reach, and hits where it matched."""
+        """Learn from every pending draft whose next ``DEPTH_MAX`` tokens are known (all of them when ``final``), in
+        (position, reach) order: an anchor tries each depth below the tokens known and the draft's reach, and hits
+        where it matched; the re-ranker takes a step."""
         n, keep = len(req.context), []
-        for p in req.pending:
+        for p in sorted(req.pending, key=lambda p: (p.pos, p.reach)):
             avail = min(n - p.pos, DEPTH_MAX)
             if avail < DEPTH_MAX and not final:
                 keep.append(p)
@@ -410,11 +504,25 @@ class AnchorIndex(SourceStore):
                 if v < 0:
                     break
                 hit.add(v)
-            for u in range(1, len(p.depth)):
-                if p.depth[u] <= avail:
-                    self._bin_nodes[p.bins[u]] += 1
-                    self._bin_hits[p.bins[u]] += u in hit
+            self._learn_nodes(p, [u for u in range(1, len(p.depth)) if p.depth[u] <= avail], hit)
         req.pending = keep
+
+    def _learn_nodes(self, p: _Pending, nodes: list[int], hit: set[int]) -> None:
+        """One step of the re-ranker on a draft's known nodes: every node's error (hit - predicted, all predicted
+        first), each class weight moved by RERANK_LR x the error, node by node, then the bias and the slope by
+        RERANK_LR x the mean error (times the node's raw logit)."""
+        if not nodes:
+            return
+        errors = [float(u in hit) - _sigmoid(self._logit(p.features[u], p.logits[u])) for u in nodes]
+        w, total, slope = self._weights, 0.0, 0.0
+        for u, e in zip(nodes, errors):
+            step = RERANK_LR * e
+            for k, f in enumerate(p.features[u]):
+                w[_OFFSETS[k] + f] += step
+            total += e
+            slope += e * p.logits[u]
+        w[-2] += RERANK_LR * (total / len(nodes))
+        w[-1] += RERANK_LR * (slope / len(nodes))
 
     # ---- accounting and checks -------------------------------------------------------------------------------
     def memory_bytes(self) -> int:
@@ -423,7 +531,7 @@ class AnchorIndex(SourceStore):
             corpora = [*self._history.values(), *self._global.values()]
             corpora += [c for group in self._siblings.values() for c in group]
             ctx = sum(len(r.context) for r in self._requests.values())
-        tables = self._tries.nbytes + self._hits.nbytes + self._bin_nodes.nbytes + self._bin_hits.nbytes
+        tables = self._tries.nbytes + self._hits.nbytes + 8 * NUM_WEIGHTS
         return sum(12 * c.num_tokens() for c in corpora) + 4 * ctx + tables
 
     def check_integrity(self) -> str | None:
@@ -432,8 +540,10 @@ class AnchorIndex(SourceStore):
             named = [(f"history[{k}]", c) for k, c in self._history.items()]
             named += [(f"global[{k}]", c) for k, c in self._global.items()]
             named += [(f"siblings[{k}]", c) for k, g in self._siblings.items() for c in g]
-            if (self._hits > self._tries).any() or (self._bin_hits > self._bin_nodes).any():
+            if (self._hits > self._tries).any():
                 return "a learnt hit count exceeds its tries"
+            if not all(math.isfinite(w) for w in self._weights):
+                return "a re-ranker weight is not finite"
             if (np.diff(self._tries, axis=1) > 0).any():
                 return "tries grow with depth"
         for name, c in named:

@@ -22,8 +22,8 @@ import sglang_histospec.drafting._native as _native
 from sglang_histospec.drafting.reference import DraftTuple
 from sglang_histospec.drafting.types import COUNTS_SOURCES, SOURCES
 
-ABI_VERSION = 5
-"""The extension's ABI this module needs (5: ``draft_threads``); an older build is refused."""
+ABI_VERSION = 6
+"""The extension's ABI this module needs (6: the anchor re-ranker); an older build is refused."""
 if getattr(_native, "ABI_VERSION", 0) < ABI_VERSION:  # a stale build: rebuild with `make install`
     raise ImportError(
         f"sglang_histospec.drafting._native is outdated (ABI_VERSION={getattr(_native, 'ABI_VERSION', 0)}, "

@@ -56,8 +56,6 @@ class NativeAnchorIndex(NativeBackend):
 
     def learnt_counts(self) -> dict[str, np.ndarray]:
         """Debug: copies of the learnt tables, named as ``AnchorIndex``'s attributes: ``tries`` and ``hits``
-        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` ``NUM_BINS`` (length, raw score, best rate classes),
-        all int64."""
-        tries, hits, bin_nodes, bin_hits = self._impl.learnt_counts()
-        bins = anchors.NUM_BINS
-        return {"tries": tries, "hits": hits, "bin_nodes": bin_nodes.reshape(bins), "bin_hits": bin_hits.reshape(bins)}
+        [NUM_CLASSES, DEPTH_MAX] (int64) and the re-ranker's ``weights`` [NUM_WEIGHTS] (float64)."""
+        tries, hits, weights = self._impl.learnt_counts()
+        return {"tries": tries, "hits": hits, "weights": weights}
