@@ -40,8 +40,8 @@ double raw_logit(double raw) {  // anchors.py raw_logit
 }
 
 // The re-ranker's logit of a node: bias + slope * logit(raw) + its classes' weights, in this order, bounded.
-double rerank_logit(const std::vector<double>& w, const PendingNode& nd) {
-  double z = w[kNumWeights - 2] + w[kNumWeights - 1] * nd.logit;
+double rerank_logit(const std::vector<double>& w, const PendingNode& nd, double logit) {
+  double z = w[kNumWeights - 2] + w[kNumWeights - 1] * logit;
   for (int32_t k = 0; k < kNumFeatures; ++k) z += w[kFeatureOffsets[k] + nd.features[k]];
   return std::min(std::max(z, -kLogitMax), kLogitMax);
 }
@@ -427,7 +427,7 @@ struct Trie {
     added.parent = static_cast<uint16_t>(v);
     added.depth = depth;
     added.features = {};
-    added.logit = 0.0;
+    added.raw = 0.0;
     first_child[c] = -1;
     next_sibling[c] = first_child[v];
     first_child[v] = c;
@@ -456,7 +456,7 @@ struct Trie {
     t[6] += source == kRunning;
   }
 
-  // Every node's re-ranker features and raw logit (anchors.py node_features, raw_logit).
+  // Every node's re-ranker features and raw score (anchors.py node_features).
   void assign_features() {
     const auto& dclass = depth_class();
     for (int32_t v = 1; v < size(); ++v) {
@@ -470,14 +470,14 @@ struct Trie {
                      static_cast<uint8_t>(t[1]), static_cast<uint8_t>(third(t[2], c)),
                      static_cast<uint8_t>(third(t[3], c)), static_cast<uint8_t>(third(t[4], c)),
                      static_cast<uint8_t>(third(t[5], c)), static_cast<uint8_t>(third(t[6], c))};
-      nd.logit = raw_logit(raw);
+      nd.raw = raw;
     }
   }
 
   // The re-ranker's probability, at most the parent's score.
   double score_of(int32_t v, const Learnt& learnt) const {
     const PendingNode& nd = (*nodes)[v];
-    return std::min(sigmoid(rerank_logit(learnt.weights, nd)), score[nd.parent]);
+    return std::min(sigmoid(rerank_logit(learnt.weights, nd, raw_logit(nd.raw))), score[nd.parent]);
   }
 };
 
@@ -675,7 +675,7 @@ std::string check_pending(const Pending& p, int64_t ctx_len) {
   for (size_t u = 1; u < p.nodes.size(); ++u) {
     const PendingNode& nd = p.nodes[u];
     if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > p.reach ||
-        nd.features[0] != length_class(nd.depth) || !std::isfinite(nd.logit))
+        nd.features[0] != length_class(nd.depth) || !(nd.raw >= 0.0 && nd.raw <= 1.0))
       return "a pending trie node is inconsistent";
     for (int32_t k = 0; k < kNumFeatures; ++k)
       if (nd.features[k] >= kFeatureSizes[k]) return "a pending trie node's feature is out of range";
@@ -816,10 +816,14 @@ constexpr size_t kMaxSpare = 2 * kDepthMax;  // resolved drafts kept per request
 // One step of the re-ranker on a draft's known nodes (anchors.py _learn_nodes): all errors first, then each node's
 // classes moved by kRerankLr x its error, node by node, then the bias and slope by kRerankLr x the mean error.
 void rerank_step(const Pending& p, int64_t avail, const uint8_t* hit, std::vector<double>& w) {
-  std::array<double, kMaxNodes> error;
+  std::array<double, kMaxNodes> error, logit;
   int32_t n = 0;
-  for (size_t u = 1; u < p.nodes.size(); ++u)
-    if (p.nodes[u].depth <= avail) error[u] = static_cast<double>(hit[u]) - sigmoid(rerank_logit(w, p.nodes[u])), ++n;
+  for (size_t u = 1; u < p.nodes.size(); ++u) {
+    if (p.nodes[u].depth > avail) continue;
+    logit[u] = raw_logit(p.nodes[u].raw);
+    error[u] = static_cast<double>(hit[u]) - sigmoid(rerank_logit(w, p.nodes[u], logit[u]));
+    ++n;
+  }
   if (n == 0) return;
   double total = 0.0, slope = 0.0;
   for (size_t u = 1; u < p.nodes.size(); ++u) {
@@ -828,7 +832,7 @@ void rerank_step(const Pending& p, int64_t avail, const uint8_t* hit, std::vecto
     const double step = kRerankLr * error[u];
     for (int32_t k = 0; k < kNumFeatures; ++k) w[kFeatureOffsets[k] + nd.features[k]] += step;
     total += error[u];
-    slope += error[u] * nd.logit;
+    slope += error[u] * logit[u];
   }
   w[kNumWeights - 2] += kRerankLr * (total / n);
   w[kNumWeights - 1] += kRerankLr * (slope / n);

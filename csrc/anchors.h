@@ -44,7 +44,7 @@ constexpr std::array<double, 14> kScoreEdges{0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6,
 constexpr double kRatePrior = 0.6;
 constexpr int64_t kRatePriorNodes = 4;
 constexpr std::array<int32_t, 5> kCountEdges{2, 3, 5, 9, 17};  // COUNT_EDGES: anchors through a node
-constexpr double kRerankLr = 0.02;    // RERANK_LR
+constexpr double kRerankLr = 0.002;   // RERANK_LR
 constexpr double kLogitClip = 1e-4;   // LOGIT_CLIP
 constexpr double kLogitMax = 30.0;    // LOGIT_MAX
 constexpr int32_t kNumExtra = 12;
@@ -152,7 +152,7 @@ struct PendingNode {
   uint16_t parent;  // node index (0 = root); a trie has at most kMaxNodes nodes
   uint8_t depth;
   std::array<uint8_t, kNumFeatures> features;  // the re-ranker's feature classes (anchors.py node_features)
-  double logit;                                  // raw_logit of the node's noisy-OR score
+  double raw;                                    // the node's noisy-OR score
 };
 
 struct PendingAnchor {

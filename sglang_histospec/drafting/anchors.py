@@ -57,7 +57,7 @@ through it, their share of its parent's, their longest match, their best agreeme
 substitutions, rewritten copies, history, self and running anchors (``node_features``)."""
 NUM_WEIGHTS = sum(FEATURE_SIZES) + 2
 """The re-ranker's weights: one per feature class, then the bias and the slope of the raw score's logit."""
-RERANK_LR, LOGIT_CLIP, LOGIT_MAX = 0.02, 1e-4, 30.0
+RERANK_LR, LOGIT_CLIP, LOGIT_MAX = 0.002, 1e-4, 30.0
 """The re-ranker's learning rate, the clip of the raw score before its logit, and the bound of a node's logit."""
 NUM_EXTRA = 12
 NUM_KINDS = 4
@@ -163,7 +163,7 @@ class _Pending:
     kids: list[dict[int, int]]  # trie: node -> {token: child}; node 0 is the root
     depth: list[int]
     features: list[tuple[int, ...]]  # [nodes] the re-ranker's feature classes (root: empty)
-    logits: list[float]  # [nodes] raw_logit of each node's raw score (root: 0.0)
+    raws: list[float]  # [nodes] each node's raw (noisy-OR) score (root: 1.0)
 
 
 @dataclass
@@ -227,7 +227,11 @@ class _Trie:
         self.tally: list[list[int]] = [[0] * 7]
         self.anchors: list[tuple[int, tuple[int, ...]]] = []
         self.features: list[tuple[int, ...]] = [()]
-        self.logits: list[float] = [0.0]
+        self.raws: list[float] = [1.0]
+
+    def raw(self, v: int) -> float:
+        """The noisy-OR of the rates of the anchors through ``v``."""
+        return 1.0 - self.miss[v]
 
     def child(self, v: int, token: int) -> int:
         """The child of ``v`` for ``token``, created when missing."""
@@ -444,8 +448,8 @@ class AnchorIndex(SourceStore):
         t = self._trie(chosen, reach)
         score = [1.0]
         for v in range(1, len(t.tok)):
-            score.append(min(_sigmoid(self._logit(t.features[v], t.logits[v])), score[t.par[v]]))
-        req.pending.append(_Pending(len(req.context), reach, t.anchors, t.kids, t.depth, t.features, t.logits))
+            score.append(min(_sigmoid(self._logit(t.features[v], raw_logit(t.raw(v)))), score[t.par[v]]))
+        req.pending.append(_Pending(len(req.context), reach, t.anchors, t.kids, t.depth, t.features, t.raws))
         top = sorted(range(1, len(t.tok)), key=lambda v: (-score[v], t.depth[v], v))[:budget]
         top.sort(key=lambda v: (t.depth[v], v))
         out = {v: i for i, v in enumerate(top)}
@@ -465,9 +469,10 @@ class AnchorIndex(SourceStore):
                 v = t.child(v, token)
                 t.add(v, rate[d], length_class(length), ham, kind, source)
         for v in range(1, len(t.tok)):
-            raw = 1.0 - t.miss[v]
-            t.features.append(node_features(t.depth[v], raw, t.best[v], t.count[v], t.count[t.par[v]], t.tally[v]))
-            t.logits.append(raw_logit(raw))
+            t.features.append(
+                node_features(t.depth[v], t.raw(v), t.best[v], t.count[v], t.count[t.par[v]], t.tally[v])
+            )
+            t.raws.append(t.raw(v))
         return t
 
     def _logit(self, features: tuple[int, ...], logit: float) -> float:
@@ -513,14 +518,15 @@ class AnchorIndex(SourceStore):
         RERANK_LR x the mean error (times the node's raw logit)."""
         if not nodes:
             return
-        errors = [float(u in hit) - _sigmoid(self._logit(p.features[u], p.logits[u])) for u in nodes]
+        logits = [raw_logit(p.raws[u]) for u in nodes]
+        errors = [float(u in hit) - _sigmoid(self._logit(p.features[u], z)) for u, z in zip(nodes, logits)]
         w, total, slope = self._weights, 0.0, 0.0
-        for u, e in zip(nodes, errors):
+        for u, e, z in zip(nodes, errors, logits):
             step = RERANK_LR * e
             for k, f in enumerate(p.features[u]):
                 w[_OFFSETS[k] + f] += step
             total += e
-            slope += e * p.logits[u]
+            slope += e * z
         w[-2] += RERANK_LR * (total / len(nodes))
         w[-1] += RERANK_LR * (slope / len(nodes))
 

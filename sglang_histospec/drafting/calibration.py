@@ -28,7 +28,7 @@ BIN_EDGES = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0
 KEY_SOURCES = ("history", "siblings", "self", "global", "mixed", "anchors", "")
 """Draft sources (``Draft.source``) with a calibration of their own; anything else counts as ``""``."""
 CALIBRATED_SOURCES = ("anchors",)
-"""Sources whose probabilities are calibrated already (the anchor scorer recalibrates its own from the outcome of
+"""Sources whose probabilities are calibrated already (the anchor scorer's re-ranker learns its own from the outcome of
 every trie node, drafted or not): their nodes pass through unchanged (observations are still counted, for
 ``table`` and ``by_source``). A second calibration on top learns from fewer nodes, lags a shift of the drafts'
 mix (a step without history, then one with) and compounds along paths."""

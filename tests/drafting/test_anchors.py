@@ -4,6 +4,8 @@ the backends call by call)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,12 +15,17 @@ from sglang_histospec.drafting import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.anchors import (
     COPY_PRIOR,
     DEPTH_MAX,
+    FEATURE_SIZES,
     HAM_WINDOW,
     NUM_CLASSES,
+    NUM_WEIGHTS,
     RATE_PRIOR,
+    RERANK_LR,
     AnchorIndex,
+    _Pending,
     anchor_class,
     length_class,
+    node_features,
     rewritten,
 )
 from sglang_histospec.drafting.reference import ReferenceIndex
@@ -339,3 +346,36 @@ def test_draft_invariants(backend, history, siblings, prompt, steps, tail):
         assert d.check_integrity() is None
     d.finish("r", ctx[len(prompt) :])
     assert d.check_integrity() is None
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        ((1, 0.9, 0.6, 3, 3, [3, 0, 0, 0, 3, 0, 0]), (0, 10, 6, 2, 5, 3, 0, 0, 0, 2, 0, 0)),
+        ((2, 0.3, 0.3, 1, 4, [0, 1, 1, 0, 0, 1, 0]), (1, 3, 3, 0, 1, 0, 1, 2, 0, 0, 2, 0)),
+        ((21, 0.995, 0.99, 17, 48, [7, 3, 5, 6, 9, 0, 17]), (7, 14, 13, 5, 1, 7, 3, 0, 1, 1, 0, 2)),
+    ],
+)
+def test_node_features(args, expected):
+    """Depth, raw and best classes, count class, share of the parent's anchors, longest match, best agreement,
+    and the thirds of substitutions, copies, history, self and running anchors (docs/drafting.md section 13.3)."""
+    assert node_features(*args) == expected
+
+
+def test_reranker_step_follows_the_rule():
+    """One step of the re-ranker on two known nodes, by hand (docs/drafting.md section 13.4): errors under the
+    untrained weights (bias 0, slope 1, classes 0), each node's classes moved by RERANK_LR x its error, the bias by
+    RERANK_LR x the mean error and the slope by RERANK_LR x the mean of error x raw logit."""
+    idx = AnchorIndex(min_match=1, max_match=8, prompt_tail=1, sources=("history",))
+    f1, f2 = (0, 10, 6, 2, 5, 3, 0, 0, 0, 2, 0, 0), (1, 3, 3, 0, 1, 0, 1, 2, 0, 0, 2, 0)
+    raws = [1.0, 1 / (1 + math.exp(-0.5)), 1 / (1 + math.exp(1.0))]  # raw logits 0.5 and -1 (to rounding)
+    p = _Pending(0, 2, [], [{}, {}, {}], [0, 1, 2], [(), f1, f2], raws)
+    idx._learn_nodes(p, [1, 2], {1})
+    e1, e2 = 1 - 1 / (1 + math.exp(-0.5)), -1 / (1 + math.exp(1.0))
+    expected = [0.0] * NUM_WEIGHTS
+    for f, e in ((f1, e1), (f2, e2)):
+        for k, c in enumerate(f):
+            expected[sum(FEATURE_SIZES[:k]) + c] += RERANK_LR * e
+    expected[-2] = RERANK_LR * (e1 + e2) / 2
+    expected[-1] = 1.0 + RERANK_LR * (e1 * 0.5 - e2) / 2
+    assert idx._weights == pytest.approx(expected, abs=1e-15)
