@@ -32,7 +32,13 @@ int32_t count_class(int32_t n) {  // COUNT_EDGES at or below n
   return c;
 }
 
-int32_t third(int32_t part, int32_t whole) { return std::min(2, 3 * part / whole); }
+// min(2, 3 * part // whole) and 5 * c // p (5 when c == p) without a division (anchors.py _third, share_class).
+int32_t third(int32_t part, int32_t whole) { return (3 * part >= whole) + (3 * part >= 2 * whole); }
+
+int32_t share(int32_t c, int32_t p) {
+  if (c == p) return 5;
+  return (5 * c >= p) + (5 * c >= 2 * p) + (5 * c >= 3 * p) + (5 * c >= 4 * p);
+}
 
 double raw_logit(double raw) {  // anchors.py raw_logit
   const double x = std::min(std::max(raw, kLogitClip), 1.0 - kLogitClip);
@@ -438,22 +444,16 @@ struct Trie {
     return c;
   }
 
-  // An anchor of class cls with rate `rate` at this depth passes node v (anchors.py _Trie.add).
-  void add(int32_t v, double rate, int32_t cls) {
+  // An anchor with rate `rate` at this depth and tally `a` (length class, agreement class, then 1 or 0 for
+  // substitution, rewritten copy, history, self, running) passes node v (anchors.py _Trie.add).
+  void add(int32_t v, double rate, const std::array<int32_t, 7>& a) {
     miss[v] *= 1.0 - rate;
     best[v] = std::max(best[v], rate);
     ++count[v];
-    const int32_t ham = cls / kNumExtra % 4, lc = cls / (kNumExtra * 4) % kNumLengthClasses;
-    const int32_t kind = cls / (kNumExtra * 4 * kNumLengthClasses) % kNumKinds;
-    const int32_t source = cls / (kNumExtra * 4 * kNumLengthClasses * kNumKinds);
     std::array<int32_t, 7>& t = tally[v];
-    t[0] = std::max(t[0], lc);
-    t[1] = std::max(t[1], ham);
-    t[2] += kind == 1;
-    t[3] += kind >= kRewritten;
-    t[4] += source == kHistory;
-    t[5] += source == kSelf;
-    t[6] += source == kRunning;
+    t[0] = std::max(t[0], a[0]);
+    t[1] = std::max(t[1], a[1]);
+    for (int32_t i = 2; i < 7; ++i) t[i] += a[i];
   }
 
   // Every node's re-ranker features and raw score (anchors.py node_features).
@@ -466,7 +466,7 @@ struct Trie {
       const std::array<int32_t, 7>& t = tally[v];
       nd.features = {static_cast<uint8_t>(dclass[nd.depth]), static_cast<uint8_t>(score_bin(raw)),
                      static_cast<uint8_t>(score_bin(best[v])), static_cast<uint8_t>(count_class(c)),
-                     static_cast<uint8_t>(c == p ? 5 : 5 * c / p), static_cast<uint8_t>(t[0]),
+                     static_cast<uint8_t>(share(c, p)), static_cast<uint8_t>(t[0]),
                      static_cast<uint8_t>(t[1]), static_cast<uint8_t>(third(t[2], c)),
                      static_cast<uint8_t>(third(t[3], c)), static_cast<uint8_t>(third(t[4], c)),
                      static_cast<uint8_t>(third(t[5], c)), static_cast<uint8_t>(third(t[6], c))};
@@ -952,10 +952,14 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
     }
     if (p.anchors.empty()) s.match_len = f.length;
     const double* rate = learnt.rates.data() + static_cast<size_t>(f.cls) * kDepthMax;  // [kDepthMax]
+    const int32_t kind = f.cls / (kNumExtra * 4 * kNumLengthClasses) % kNumKinds;
+    const int32_t source = f.cls / (kNumExtra * 4 * kNumLengthClasses * kNumKinds);
+    const std::array<int32_t, 7> tally{f.cls / (kNumExtra * 4) % kNumLengthClasses, f.cls / kNumExtra % 4, kind == 1,
+                                       kind >= kRewritten, source == kHistory, source == kSelf, source == kRunning};
     int32_t v = 0;
     for (int64_t d = 0; d < len; ++d) {
       v = t.child(v, cont[d]);
-      t.add(v, rate[d], f.cls);
+      t.add(v, rate[d], tally);
     }
     p.anchors.push_back({f.cls, static_cast<uint16_t>(v)});
   }
