@@ -379,6 +379,7 @@ struct Trie {
   std::vector<PendingNode>* nodes = nullptr;           // [size] node 0 is the root
   std::array<int32_t, kMaxNodes> first_child, next_sibling;  // [size] children lists (-1 ends)
   std::array<double, kMaxNodes> miss, best, score;           // [size] best: its anchors' largest rate; score: ranked only
+  std::array<int32_t, kMaxNodes> count;                      // [size] anchors through the node (root: all of them)
 
   int32_t size() const { return static_cast<int32_t>(nodes->size()); }
 
@@ -405,17 +406,20 @@ struct Trie {
     first_child[v] = c;
     miss[c] = 1.0;
     best[c] = 0.0;
+    count[c] = 0;
     return c;
   }
 
   // Every node's recalibration bin: (length class of its depth, score edges below its raw noisy-OR score, score
-  // edges below its best anchor's rate).
+  // edges below its best anchor's rate, its share of its parent's anchors: anchors.py share_class).
   void assign_bins() {
     const auto& dclass = depth_class();
     for (int32_t v = 1; v < size(); ++v) {
       PendingNode& nd = (*nodes)[v];
       const int32_t raw_bin = dclass[nd.depth] * kNumScoreBins + score_bin(1.0 - miss[v]);
-      nd.bin = static_cast<uint16_t>(raw_bin * kNumScoreBins + score_bin(best[v]));
+      const int32_t c = count[v], p = count[nd.parent];
+      const int32_t share = c == p ? kShareClasses - 1 : (kShareClasses - 1) * c / p;
+      nd.bin = static_cast<uint16_t>((raw_bin * kNumScoreBins + score_bin(best[v])) * kShareClasses + share);
     }
   }
 
@@ -623,7 +627,7 @@ std::string check_pending(const Pending& p, int64_t ctx_len) {
   for (size_t u = 1; u < p.nodes.size(); ++u) {
     const PendingNode& nd = p.nodes[u];
     if (nd.parent >= u || nd.depth != p.nodes[nd.parent].depth + 1 || nd.depth > p.reach || nd.bin >= kNumBins ||
-        nd.bin / (kNumScoreBins * kNumScoreBins) != length_class(nd.depth))
+        nd.bin / (kNumScoreBins * kNumScoreBins * kShareClasses) != length_class(nd.depth))
       return "a pending trie node is inconsistent";
   }
   for (const PendingAnchor& a : p.anchors)
@@ -873,9 +877,11 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
       v = t.child(v, cont[d]);
       t.miss[v] *= 1.0 - rate[d];
       t.best[v] = std::max(t.best[v], rate[d]);
+      ++t.count[v];
     }
     p.anchors.push_back({f.cls, static_cast<uint16_t>(v)});
   }
+  t.count[0] = static_cast<int32_t>(p.anchors.size());
   t.assign_bins();
 }
 

@@ -50,7 +50,8 @@ constexpr int32_t kNumKinds = 4;   // NUM_KINDS: exact, substitution, and their 
 constexpr int32_t kRewritten = 2;  // REWRITTEN: a rewritten copy's kind is the original's plus this
 constexpr double kCopyPrior = 0.5;  // COPY_PRIOR: a rewritten copy's prior rates are this times an original's
 constexpr int32_t kNumClasses = kNumSources * kNumKinds * kNumLengthClasses * 4 * kNumExtra;  // 6144
-constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins * kNumScoreBins;         // 1800
+constexpr int32_t kShareClasses = 6;  // SHARE_CLASSES: a node's share of its parent's anchors, 5 * c / p, 5 = all
+constexpr int32_t kNumBins = kNumLengthClasses * kNumScoreBins * kNumScoreBins * kShareClasses;  // 10800
 constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most
 constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor draft ("anchors")
 
@@ -136,7 +137,7 @@ struct PendingNode {
   int32_t token;
   uint16_t parent;  // node index (0 = root); a trie has at most kMaxNodes nodes
   uint8_t depth;
-  uint16_t bin;     // (length_class(depth) * kNumScoreBins + raw score bin) * kNumScoreBins + best rate bin
+  uint16_t bin;     // ((length class * kNumScoreBins + raw score bin) * kNumScoreBins + best rate bin) * 6 + share
 };
 
 struct PendingAnchor {

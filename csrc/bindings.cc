@@ -259,7 +259,7 @@ PYBIND11_MODULE(_native, m) {
     k["RECAL_PRIOR_NODES"] = kRecalPriorNodes;
     k["NUM_EXTRA"] = kNumExtra;
     k["NUM_CLASSES"] = kNumClasses;
-    k["NUM_BINS"] = py::make_tuple(kNumLengthClasses, kNumScoreBins, kNumScoreBins);
+    k["NUM_BINS"] = py::make_tuple(kNumLengthClasses, kNumScoreBins, kNumScoreBins, kShareClasses);
     m.attr("ANCHOR_CONSTANTS") = k;
   }
   py::class_<AnchorDrafter> anchors(m, "AnchorDrafter",
@@ -277,8 +277,8 @@ PYBIND11_MODULE(_native, m) {
         using namespace histospec::anchors;
         const auto t = d.learnt_counts();
         return py::make_tuple(table(t[0], kNumClasses, kDepthMax), table(t[1], kNumClasses, kDepthMax),
-                              table(t[2], kNumLengthClasses * kNumScoreBins, kNumScoreBins),
-                              table(t[3], kNumLengthClasses * kNumScoreBins, kNumScoreBins));
+                              table(t[2], kNumLengthClasses * kNumScoreBins * kNumScoreBins, kShareClasses),
+                              table(t[3], kNumLengthClasses * kNumScoreBins * kNumScoreBins, kShareClasses));
       },
-      "Debug: copies of (tries, hits) [classes, depth] and (bin_nodes, bin_hits) [length class x score bin, best rate bin].");
+      "Debug: copies of (tries, hits) [classes, depth] and (bin_nodes, bin_hits) [length class x score bin x best rate bin, share class].");
 }

@@ -52,7 +52,9 @@ NUM_KINDS = 4
 """Anchor kinds: 0 exact, 1 substitution, 2 and 3 their rewritten copies (``REWRITTEN`` + kind)."""
 REWRITTEN = 2
 NUM_CLASSES = len(SOURCES) * NUM_KINDS * (len(LENGTH_EDGES) + 1) * 4 * NUM_EXTRA
-NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1)
+SHARE_CLASSES = 6
+"""Classes of a node's share of its parent's anchors (c of p): ``5 * c // p`` (0-4), and 5 when all agree."""
+NUM_BINS = (len(LENGTH_EDGES) + 1, len(SCORE_EDGES) + 1, len(SCORE_EDGES) + 1, SHARE_CLASSES)
 
 _PRIOR = np.cumprod(np.full(DEPTH_MAX, RATE_PRIOR))  # [DEPTH_MAX] RATE_PRIOR ** (d + 1), by repeated products
 COPY_PRIOR = 0.5
@@ -67,6 +69,12 @@ def length_class(n: int) -> int:
 
 def _score_bin(x: float) -> int:
     return sum(1 for e in SCORE_EDGES if e < x)
+
+
+def share_class(count: int, parent_count: int) -> int:
+    """Class of a node that ``count`` of its parent's ``parent_count`` anchors pass through: ``5 * count //
+    parent_count``, and 5 when all of them do. Example: ``share_class(1, 4) == 1``, ``share_class(3, 3) == 5``."""
+    return SHARE_CLASSES - 1 if count == parent_count else (SHARE_CLASSES - 1) * count // parent_count
 
 
 def _ham_class(extra: int) -> int:
@@ -118,7 +126,7 @@ class _Pending:
     anchors: list[tuple[int, tuple[int, ...]]]  # (class, continuation)
     kids: list[dict[int, int]]  # trie: node -> {token: child}; node 0 is the root
     depth: list[int]
-    bins: list[tuple[int, int, int]]
+    bins: list[tuple[int, int, int, int]]
 
 
 @dataclass
@@ -351,7 +359,7 @@ class AnchorIndex(SourceStore):
         keyed = sorted(((-self._rate(a[0])[0], a[1], a[2], a[3], i) for i, a in enumerate(found)))[:MAX_ANCHORS]
         chosen = [found[k[-1]] for k in keyed]
         kids: list[dict[int, int]] = [{}]
-        tok, par, depth, miss, best = [0], [-1], [0], [1.0], [0.0]
+        tok, par, depth, miss, best, count = [0], [-1], [0], [1.0], [0.0], [len(chosen)]
         anchors = []
         for cls, _, _, _, seq, j, _ in chosen:
             cont = tuple(seq[j : j + reach])
@@ -367,13 +375,16 @@ class AnchorIndex(SourceStore):
                     depth.append(d + 1)
                     miss.append(1.0)
                     best.append(0.0)
+                    count.append(0)
                 miss[nv] *= 1.0 - rate[d]
+                count[nv] += 1
                 best[nv] = max(best[nv], rate[d])
                 v = nv
-        score, bins = [1.0], [(0, 0, 0)]
+        score, bins = [1.0], [(0, 0, 0, 0)]
         for v in range(1, len(tok)):
             raw = 1.0 - miss[v]
-            b = (length_class(depth[v]), _score_bin(raw), _score_bin(best[v]))
+            share = share_class(count[v], count[par[v]])
+            b = (length_class(depth[v]), _score_bin(raw), _score_bin(best[v]), share)
             q = (self._bin_hits[b] + RECAL_PRIOR_NODES * raw) / (self._bin_nodes[b] + RECAL_PRIOR_NODES)
             score.append(min(float(q), score[par[v]]))
             bins.append(b)

@@ -56,7 +56,7 @@ class NativeAnchorIndex(NativeBackend):
 
     def learnt_counts(self) -> dict[str, np.ndarray]:
         """Debug: copies of the learnt tables, named as ``AnchorIndex``'s attributes: ``tries`` and ``hits``
-        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` ``NUM_BINS`` (length, raw score, best rate classes),
+        [NUM_CLASSES, DEPTH_MAX], ``bin_nodes`` and ``bin_hits`` ``NUM_BINS`` (length, raw score, best rate, share classes),
         all int64."""
         tries, hits, bin_nodes, bin_hits = self._impl.learnt_counts()
         bins = anchors.NUM_BINS
