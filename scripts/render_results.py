@@ -520,6 +520,34 @@ def _lockstep_extra(cell: dict) -> list[str]:
     return [share, f"{p50:.0f} / {p99:.0f}" if p50 is not None and p99 is not None else "–"]
 
 
+RANKING_VARIANTS = ("bins", "bins + share", "re-ranker")
+"""The anchor scorer's node scoring, in the order measured: the (depth, raw, best) recalibration bins, the same with
+a fourth class (the node's share of its parent's anchors), and the logistic re-ranker (the default)."""
+
+
+def render_ranking(doc: Path) -> str:
+    """Lockstep tau of each node-scoring variant per trace and budget, and its ratio to the bins."""
+    res = find("replay_smollm2_ranking")
+    cells: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in res.rows():
+        trace = Path(r["trace"]).name.removesuffix(".jsonl.gz")
+        cells.setdefault((trace, r["budget"]), {})[r["variant"]] = r
+    rows, commits = [], {}
+    for (trace, n), by in sorted(cells.items()):
+        base = by["bins"]["tau"]
+        row = [trace + (" (held out)" if trace in HELD_OUT else ""), str(n), f2(base)]
+        for v in RANKING_VARIANTS[1:]:
+            row.append(f"{f2(by[v]['tau'])} ({ratio(by[v]['tau'] / base)})" if v in by else "–")
+        rows.append(row)
+        commits.update({v: by[v]["commit"] for v in by})
+    head = ["trace", "N", *(f"{v} (`{commits.get(v, '?')}`)" for v in RANKING_VARIANTS)]
+    cmd = (
+        "python scripts/replay_matrix.py docs/data/TRACE.jsonl.gz --drafters histospec --budgets 8,16 "
+        "--schedule lockstep --no-oracle --cache OUT.jsonl"
+    )
+    return table(head, rows) + "\n" + source([res], doc, cmd)
+
+
 def render_lockstep(doc: Path) -> str:
     return lockstep_tables(RESULTS, doc)
 
@@ -609,6 +637,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "pipe-router": render_pipe_router,
     "pipe-servers": render_pipe_servers,
     "lockstep": render_lockstep,
+    "ranking": render_ranking,
 }
 
 
