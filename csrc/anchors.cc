@@ -811,8 +811,6 @@ namespace {
 
 constexpr size_t kMaxSpare = 2 * kDepthMax;  // resolved drafts kept per request for their buffers
 
-// One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax). An anchor tries each
-// depth below avail and the draft's reach (depths beyond its budget are no misses).
 // One step of the re-ranker on a draft's known nodes (anchors.py _learn_nodes): all errors first, then each node's
 // classes moved by kRerankLr x its error, node by node, then the bias and slope by kRerankLr x the mean error.
 void rerank_step(const Pending& p, int64_t avail, const uint8_t* hit, std::vector<double>& w) {
@@ -838,6 +836,8 @@ void rerank_step(const Pending& p, int64_t avail, const uint8_t* hit, std::vecto
   w[kNumWeights - 1] += kRerankLr * (slope / n);
 }
 
+// One draft's outcome: actual[0, avail) are the tokens that followed it (avail <= kDepthMax). An anchor tries each
+// depth below avail and the draft's reach (depths beyond its budget are no misses); the re-ranker takes one step.
 void learn(const Pending& p, const int32_t* actual, int64_t avail, Learnt& L) {
   const int64_t seen = std::min<int64_t>(avail, p.reach);
   std::array<uint8_t, kMaxNodes> hit;  // [nodes] on the path of the realised tokens (the root included)
