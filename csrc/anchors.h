@@ -65,7 +65,8 @@ constexpr std::array<int32_t, kNumFeatures> kFeatureOffsets = [] {
   for (int32_t k = 1; k < kNumFeatures; ++k) out[k] = out[k - 1] + kFeatureSizes[k - 1];
   return out;
 }();
-constexpr int32_t kNumWeights = kFeatureOffsets[kNumFeatures - 1] + kFeatureSizes[kNumFeatures - 1] + 2;  // + bias, slope
+// NUM_WEIGHTS: one per feature class, then the bias and the slope.
+constexpr int32_t kNumWeights = kFeatureOffsets[kNumFeatures - 1] + kFeatureSizes[kNumFeatures - 1] + 2;
 constexpr int32_t kMaxNodes = 1 + kMaxAnchors * kDepthMax;                             // a trie's nodes, at most
 constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor draft ("anchors")
 

@@ -8,8 +8,9 @@ nodes' calibrated path probabilities (the accepted tokens the scorer expects), t
 and how many distinct first tokens the kept anchors propose; and where a draft stops short of the kept anchors' trie,
 why (``loss_*``, shares of all drafts): ``loss_starved``, the draft did not go below the last accepted node at all
 (its budget went to other branches), or ``loss_wrong_branch``, it drafted other children there, not the realised one
-(``loss_siblings_1`` .. ``loss_siblings_3``: one, two, three or more of them). Prints one JSON line of per-draft means. A measuring aid for docs/results.md ("Drafting quality"), not a
-benchmark: it wraps the reference backend's methods.
+(``loss_siblings_1`` .. ``loss_siblings_3``: one, two, three or more of them). Prints one JSON line of per-draft
+means. A measuring aid for docs/results.md ("Drafting quality", "Ranking"), not a benchmark: it wraps the reference
+backend's methods.
 
 Example::
 

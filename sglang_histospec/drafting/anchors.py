@@ -249,7 +249,7 @@ class _Trie:
         return nv
 
     def add(self, v: int, rate: float, lc: int, ham: int, kind: int, source: int) -> None:
-        """An anchor of rate ``rate`` at this depth, match length class ``lc``, agreement class ``ham``, passes ``v``."""
+        """An anchor passes ``v``: its rate at this depth, match length class, agreement class, kind and source."""
         self.miss[v] *= 1.0 - rate
         self.best[v] = max(self.best[v], rate)
         self.count[v] += 1
