@@ -25,6 +25,7 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("bench", "pipe"): "sglang_histospec.commands.bench_pipe",
     ("bench", "pipe-servers"): "sglang_histospec.commands.bench_pipe_servers",
     ("bench", "index"): "sglang_histospec.commands.bench_index",
+    ("bench", "draft"): "sglang_histospec.commands.bench_draft",
     ("bench", "engine"): "sglang_histospec.commands.bench_engine",
     ("demo",): "sglang_histospec.commands.demo",
 }
