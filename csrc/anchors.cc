@@ -81,7 +81,7 @@ const std::array<double, kDepthMax>& prior() {
 }  // namespace
 
 int32_t anchor_class(int32_t source, int32_t kind, int64_t length, int32_t ham, int32_t extra) {
-  return (((source * kNumKinds + kind) * kNumLengthClasses + length_class(length)) * 4 + ham) * kNumExtra + extra;
+  return class_of(source, kind, length_class(length), ham, extra);
 }
 
 Learnt::Learnt()
@@ -89,7 +89,8 @@ Learnt::Learnt()
       hits(static_cast<size_t>(kNumClasses) * kDepthMax, 0),
       weights(kNumWeights, 0.0),
       rates(static_cast<size_t>(kNumClasses) * kDepthMax, 0.0),
-      rate0(kNumClasses, 0.0) {
+      rate0(kNumClasses, 0.0),
+      bound(kNumBounds, 0.0) {
   weights[kNumWeights - 1] = 1.0;  // the slope of the raw score's logit: the re-ranker starts at the raw score
   for (int32_t c = 0; c < kNumClasses; ++c) update_rates(c);
 }
@@ -106,6 +107,15 @@ void Learnt::update_rates(int32_t cls) {
     rates[base + d] = d == 0 ? raw : std::min(rates[base + d - 1], raw);
   }
   rate0[cls] = rates[base];
+  // bound of the class's (source, kind without its copy bit, length class, extra): the largest rate0 over the
+  // agreement classes, original and rewritten copy alike.
+  const int32_t extra = cls % kNumExtra, lc = cls / (kNumExtra * 4) % kNumLengthClasses;
+  const int32_t kind = cls / (kNumExtra * 4 * kNumLengthClasses) % kNumKinds % kRewritten;
+  const int32_t source = cls / (kNumExtra * 4 * kNumLengthClasses * kNumKinds);
+  double b = 0.0;
+  for (int32_t k : {kind, kind + kRewritten})
+    for (int32_t ham = 0; ham < 4; ++ham) b = std::max(b, rate0[class_of(source, k, lc, ham, extra)]);
+  bound[bound_index(source, kind, lc, extra)] = b;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -251,34 +261,73 @@ bool selected_before(const Key& a, const Key& b) {
   return a.rate0 != b.rate0 ? a.rate0 > b.rate0 : a.index < b.index;
 }
 
-// What every candidate of one draft shares.
+// What every candidate of one draft shares, and the pruning that keeps the scan cheap. The draft uses the
+// kMaxAnchors best anchors by key (-rate0, index); an original (not rewritten) anchor is always used when its turn
+// comes, and a candidate found later has a larger index, so once kMaxAnchors originals are found a later candidate
+// whose rate0 is at most the worst of the best originals' can never be used: it is dropped before its agreement is
+// counted when no class it could fall in (Learnt::bound) beats that, and never stored. Drafts are unchanged.
 struct Scan {
   const Config& cfg;
   const int32_t* ctx;  // [n] the request's context
   int64_t n;
-  int64_t own;          // the request's offset in a stored sequence
-  const double* rate0;  // [kNumClasses]
+  int64_t own;  // the request's offset in a stored sequence
+  const Learnt& learnt;
   std::vector<Found>& found;
   std::vector<Key>& keys;
+  std::vector<Found>& copies;          // rewritten copies of the current source's candidates, in their order
+  std::array<Key, kMaxAnchors> best{};  // the best originals so far, a heap with the worst on top
+  int32_t nbest = 0;
+  double floor = 0.0;  // when nbest == kMaxAnchors: rate0 of the worst of `best`
 
-  void keep(int32_t s, int32_t kind, const int32_t* seq, int64_t seq_len, int64_t j, int32_t length, int32_t agree,
-            int32_t extra) {
-    const int32_t cls = anchor_class(s, kind, length, ham_class(agree), extra);
-    keys.push_back({rate0[cls], static_cast<int32_t>(found.size())});
-    found.push_back({cls, length, seq, seq_len, j, false});
+  // Whether a candidate with first-token rate r, found now or later, can still be among the anchors used.
+  bool open(double r) const { return nbest < kMaxAnchors || r > floor; }
+
+  // A candidate of source s and kind 0 or 1 at j, with its match length and class feature `extra`, and its
+  // rewritten copy (kept for add_rewritten).
+  void offer(int32_t s, int32_t kind, const int32_t* seq, int64_t seq_len, int64_t j, int32_t length,
+             int32_t extra) {
+    const int32_t lc = length_class(length);
+    if (!open(learnt.bound[bound_index(s, kind, lc, extra)])) return;
+    const int32_t ham = ham_class(agreement(seq, j, ctx, n, length + kind));
+    const int32_t cls = class_of(s, kind, lc, ham, extra);
+    Found f{cls, length, seq, seq_len, j, false};
+    if (open(learnt.rate0[cls])) admit(f);
+    f.cls += kCopyShift;
+    f.rewritten = true;
+    if (open(learnt.rate0[f.cls])) copies.push_back(f);
   }
 
-  // A rewritten copy of every anchor found since `first`, kind + kRewritten, in the same order (anchors.py:
-  // _rewritten). Whether its continuation changes is decided lazily, when the copy is chosen (build_trie).
-  void add_rewritten(size_t first) {
-    constexpr int32_t shift = kRewritten * kNumLengthClasses * 4 * kNumExtra;  // kind + kRewritten in anchor_class
-    for (size_t i = first, last = found.size(); i < last; ++i) {
-      Found f = found[i];
-      f.cls += shift;
-      f.rewritten = true;
-      keys.push_back({rate0[f.cls], static_cast<int32_t>(found.size())});
-      found.push_back(f);
+  void admit(const Found& f) {
+    const Key k{learnt.rate0[f.cls], static_cast<int32_t>(found.size())};
+    keys.push_back(k);
+    found.push_back(f);
+    if (f.rewritten) return;
+    auto worse = [](const Key& a, const Key& b) { return selected_before(a, b); };  // worst on top
+    if (nbest < kMaxAnchors) {
+      best[nbest++] = k;
+      std::push_heap(best.begin(), best.begin() + nbest, worse);
+    } else {
+      std::pop_heap(best.begin(), best.end(), worse);
+      best[kMaxAnchors - 1] = k;
+      std::push_heap(best.begin(), best.end(), worse);
     }
+    if (nbest == kMaxAnchors) floor = best[0].rate0;
+  }
+
+  // The rewritten copies of the source just scanned, after its originals and in their order (anchors.py:
+  // _rewritten); whether a copy's continuation changes is decided lazily, when it is chosen (build_trie).
+  void add_rewritten() {
+    for (const Found& f : copies)
+      if (open(learnt.rate0[f.cls])) admit(f);
+    copies.clear();
+  }
+
+  // Drops the keys that rank after the worst of the best originals (they can never be used).
+  void prune_keys() {
+    if (nbest < kMaxAnchors) return;
+    const Key worst = best[0];
+    keys.erase(std::remove_if(keys.begin(), keys.end(), [&](const Key& k) { return selected_before(worst, k); }),
+               keys.end());
   }
 };
 
@@ -322,7 +371,7 @@ inline void consider(Scan& sc, int32_t s, int32_t kind, const int32_t* seq, int6
   const int32_t length = match_length(seq, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
   if (length < lmin) return;
   const int32_t extra = s == kGlobal ? 0 : offset_class(std::abs(j - sc.own)) + 4 * wclass;
-  sc.keep(s, kind, seq, seq_len, j, length, agreement(seq, j, sc.ctx, n, length + kind), extra);
+  sc.offer(s, kind, seq, seq_len, j, length, extra);
 }
 
 // One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
@@ -385,7 +434,7 @@ void scan_self(Scan& sc, int32_t kind, const int32_t* prev) {
     if (kind && sc.ctx[j - 1] == sc.ctx[n - 1]) continue;
     const int32_t length = match_length(sc.ctx, j - kind, sc.ctx, n - kind, sc.cfg.max_match);
     if (length < lmin) continue;
-    sc.keep(kSelf, kind, sc.ctx, n, j, length, agreement(sc.ctx, j, sc.ctx, n, length + kind), std::min(rank++, 3));
+    sc.offer(kSelf, kind, sc.ctx, n, j, length, std::min(rank++, 3));
   }
 }
 
@@ -487,6 +536,7 @@ struct Trie {
 struct Scratch {
   std::vector<Found> found;
   std::vector<Key> keys;
+  std::vector<Found> copies;  // a source's rewritten copies until its originals are all found
   std::array<int32_t, kMaxAnchors * kDepthMax> rewritten;  // [chosen anchors, kDepthMax] rewritten continuations
   int32_t match_len = 0;                                    // the best chosen anchor's match length
   Trie trie;
@@ -906,27 +956,25 @@ void collect(const Config& cfg, const Learnt& learnt, const Request& req, const 
   const DraftSources& src = req.sources;
   const int64_t n = static_cast<int64_t>(req.ctx.size());
   const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
-  Scan sc{cfg, req.ctx.data(), n, own, learnt.rate0.data(), s.found, s.keys};
+  Scan sc{cfg, req.ctx.data(), n, own, learnt, s.found, s.keys, s.copies};
   auto scan_list = [&](int32_t source, const CorpusPtr* first, const CorpusPtr* last) {
     if (first == last) return;
-    const size_t start = s.found.size();
     for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, source, kind, first, last);
-    sc.add_rewritten(start);
+    sc.add_rewritten();
   };
   // In (source, kind, rank) order, so that a found anchor's index breaks ties of the learnt rate.
   if (src.history) scan_list(kHistory, &src.history, &src.history + 1);
   if (src.siblings) scan_list(kSiblings, src.siblings->data(), src.siblings->data() + src.siblings->size());
   if (cfg.sources[kSelf]) {
-    const size_t start = s.found.size();
     for (int32_t kind = 0; kind < 2; ++kind) scan_self(sc, kind, req.prev.data());
-    sc.add_rewritten(start);
+    sc.add_rewritten();
   }
   if (src.global) scan_list(kGlobal, src.global->data(), src.global->data() + src.global->size());
   if (group) {
-    const size_t start = s.found.size();
     for (int32_t kind = 0; kind < 2; ++kind) scan_running(sc, kind, *group, req);
-    sc.add_rewritten(start);
+    sc.add_rewritten();
   }
+  sc.prune_keys();
 }
 
 // The best kMaxAnchors by learnt first-token rate (a rewritten copy whose continuation does not change is no

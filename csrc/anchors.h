@@ -72,6 +72,15 @@ constexpr int32_t kAnchorSource = kMixed + 1;  // DraftOut::source of an anchor 
 
 int32_t length_class(int64_t n);
 int32_t anchor_class(int32_t source, int32_t kind, int64_t length, int32_t ham, int32_t extra);
+constexpr int32_t class_of(int32_t source, int32_t kind, int32_t lc, int32_t ham, int32_t extra) {
+  return (((source * kNumKinds + kind) * kNumLengthClasses + lc) * 4 + ham) * kNumExtra + extra;
+}
+constexpr int32_t kCopyShift = kRewritten * kNumLengthClasses * 4 * kNumExtra;  // kind + kRewritten in a class
+// Learnt::bound's index: (source, kind 0 or 1, length class, extra); its rewritten copies share the bound.
+constexpr int32_t kNumBounds = kNumSources * kRewritten * kNumLengthClasses * kNumExtra;
+constexpr int32_t bound_index(int32_t source, int32_t kind, int32_t lc, int32_t extra) {
+  return ((source * kRewritten + kind) * kNumLengthClasses + lc) * kNumExtra + extra;
+}
 
 // A hint to load addr's cache line. GCC 12 drops __builtin_prefetch calls in the scan loop at -O1 and above
 // (checked with objdump), so x86 gets the instruction itself.
@@ -206,6 +215,7 @@ struct Learnt {
   std::vector<double> weights;               // [kNumWeights] the re-ranker: feature classes, bias, slope
   std::vector<double> rates;                 // [kNumClasses * kDepthMax] shrunk to the prior, running minimum
   std::vector<double> rate0;                 // [kNumClasses] rates at depth 0 (the anchors' selection key)
+  std::vector<double> bound;                 // [kNumBounds] the largest rate0 of a bound_index's classes
   Learnt();
   void update_rates(int32_t cls);
 };
