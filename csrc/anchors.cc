@@ -543,31 +543,34 @@ struct Scratch {
   std::vector<Ranked> heap;
   std::vector<int32_t> top, order;
   std::array<int32_t, kDepthMax + 2> depth_start;
-  std::vector<std::mutex*> locks;  // the request mutexes a draft holds
+  std::vector<std::shared_mutex*> locks;  // the context locks a draft holds
 };
 
 namespace {
 
-// Locks a request and its running group (read by the running source) in address order, so that no two drafts
-// wait on each other in a cycle (extend and remove_request hold one request mutex, and never another).
+// A draft's locks: its request's `mu` (its drafts and sources), then shared locks of the contexts it reads (its
+// own and its running group's, in address order). Drafts of sibling requests only share the contexts' locks, so
+// they run side by side; extend holds one `mu`, then its context's unique lock, and never another: no cycle.
 class LockAll {
  public:
-  LockAll(Request& req, const RunningGroup& group, std::vector<std::mutex*>& locks) : locks_(locks) {
-    locks_.assign(1, &req.mu);
+  LockAll(Request& req, const RunningGroup& group, std::vector<std::shared_mutex*>& locks)
+      : own_(req.mu), locks_(locks) {
+    locks_.assign(1, &req.ctx_mu);
     if (group)
       for (const auto& r : *group)
-        if (r.get() != &req) locks_.push_back(&r->mu);
+        if (r.get() != &req) locks_.push_back(&r->ctx_mu);
     std::sort(locks_.begin(), locks_.end());
-    for (std::mutex* m : locks_) m->lock();
+    for (std::shared_mutex* m : locks_) m->lock_shared();
   }
   ~LockAll() {
-    for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock();
+    for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->unlock_shared();
   }
   LockAll(const LockAll&) = delete;
   LockAll& operator=(const LockAll&) = delete;
 
  private:
-  std::vector<std::mutex*>& locks_;
+  std::lock_guard<std::mutex> own_;
+  std::vector<std::shared_mutex*>& locks_;
 };
 
 }  // namespace
@@ -800,6 +803,7 @@ void AnchorDrafter::start(const std::string& req_id, const std::string* prompt_i
   }
   if (old) {
     std::lock_guard lock(old->mu);
+    std::unique_lock ctx_lock(old->ctx_mu);
     old->running = false;
   }
 }
@@ -835,7 +839,10 @@ bool AnchorDrafter::has_request(const std::string& req_id) const {
 void AnchorDrafter::extend(const std::string& req_id, Span tokens) {
   auto req = find_request(req_id);
   std::lock_guard lock(req->mu);
-  req->append(tokens);
+  {
+    std::unique_lock ctx_lock(req->ctx_mu);
+    req->append(tokens);
+  }
   resolve(*req, false);
 }
 
@@ -850,7 +857,10 @@ void AnchorDrafter::remove_request(const std::string& req_id) {
     leave_group(req);
   }
   std::lock_guard lock(req->mu);
-  req->running = false;
+  {
+    std::unique_lock ctx_lock(req->ctx_mu);
+    req->running = false;
+  }
   resolve(*req, true);
 }
 
@@ -1105,6 +1115,7 @@ size_t AnchorDrafter::memory_bytes() const {
   for (const auto& [id, g] : running_) total += id.capacity() + sizeof(*g) + g->capacity() * sizeof(g->front());
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
+    std::shared_lock cl(r->ctx_mu);
     total += id.capacity() + sizeof(Request) + r->ctx.capacity() * sizeof(int32_t);
     total += r->prev.capacity() * sizeof(int32_t) + r->last.slots().capacity() * sizeof(TokenTable::Slot);
     for (const auto* list : {&r->pending, &r->spare})
@@ -1156,6 +1167,7 @@ std::string AnchorDrafter::check_integrity() const {
   std::unordered_set<const Request*> running;  // the requests every running group must hold, once
   for (const auto& [id, r] : requests_) {
     std::lock_guard rl(r->mu);
+    std::shared_lock cl(r->ctx_mu);
     const std::string h = r->check_integrity();
     if (!h.empty()) return "request " + id + ": " + h;
     if (r->running != (r->has_prompt && cfg_.sources[kRunning])) return "request " + id + ": wrong running flag";

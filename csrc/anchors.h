@@ -12,7 +12,8 @@
 // keeps reading the ones it took; each request has its own mutex; the learnt tables are read under a shared lock
 // of stats_mu_ while drafting and written under its unique lock when drafts resolve (in extend, remove_request).
 // The running source reads the prompt's other running requests in place (their prev chains are the postings):
-// a draft locks its request and those, in address order, so two drafts never wait on each other in a cycle.
+// a draft holds its request's mutex and shared locks of the contexts it reads (its own and those), in address
+// order; extend changes a context under its unique lock, so drafts of sibling requests run side by side.
 #pragma once
 
 #include <algorithm>
@@ -178,8 +179,11 @@ struct Pending {
 };
 
 struct Request {
-  std::mutex mu;
-  bool has_prompt = false;
+  std::mutex mu;  // guards pending, spare and sources (a draft of this request, extend, remove_request)
+  // Guards ctx, prev, last and running: unique to change them, shared to read them. Every draft of a sibling
+  // takes it, so it has a cache line of its own: the fields that drafts read stay shared in every core's cache.
+  alignas(64) std::shared_mutex ctx_mu;
+  alignas(64) bool has_prompt = false;
   std::string prompt_id;
   std::vector<int32_t> ctx;  // [n] prompt tokens + generated
   int64_t prompt_len = 0;
@@ -188,7 +192,7 @@ struct Request {
   bool track = false;            // the self or running source is on: keep prev and last
   std::vector<int32_t> prev;     // [n] previous position of ctx[i]'s token, -1 for its first
   TokenTable last;               // token -> lo = 1 + its last position in ctx (hi unused)
-  std::vector<Pending> pending;  // unresolved drafts, oldest first
+  alignas(64) std::vector<Pending> pending;  // unresolved drafts, oldest first (written by this request's drafts)
   std::vector<Pending> spare;    // resolved ones, kept for their capacity
   uint64_t sources_gen = 0;      // AnchorDrafter's sources generation `sources` was read at (0: never)
   DraftSources sources;          // the corpora of the last draft (kept alive until the next refresh)
