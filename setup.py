@@ -15,7 +15,7 @@ ext_modules = [
         ),
         cxx_std=17,
         # -ffp-contract=off: no fused multiply-adds, so that doubles round as in the Python references
-        extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"],
+        extra_compile_args=["-O3", "-g", "-ffp-contract=off", "-pthread"],
         extra_link_args=["-pthread"],  # draft_threads: the drafters' thread pools (csrc/pool.h)
     ),
 ]

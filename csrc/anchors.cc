@@ -274,13 +274,13 @@ struct Scan {
   const Learnt& learnt;
   std::vector<Found>& found;
   std::vector<Key>& keys;
-  std::vector<Found>& copies;          // rewritten copies of the current source's candidates, in their order
-  std::array<Key, kMaxAnchors> best{};  // the best originals so far, a heap with the worst on top
-  int32_t nbest = 0;
-  double floor = 0.0;  // when nbest == kMaxAnchors: rate0 of the worst of `best`
+  std::vector<Found>& copies;  // rewritten copies of the current source's candidates, in their order
+  std::vector<double>& originals;  // rate0 of every original kept so far (scratch of the floor)
+  size_t since = 0;                // originals kept since the floor was last computed
+  double floor = -1.0;             // a lower bound of the worst rate0 among the kMaxAnchors best originals so far
 
   // Whether a candidate with first-token rate r, found now or later, can still be among the anchors used.
-  bool open(double r) const { return nbest < kMaxAnchors || r > floor; }
+  bool open(double r) const { return r > floor; }
 
   // A candidate of source s and kind 0 or 1 at j, with its match length and class feature `extra`, and its
   // rewritten copy (kept for add_rewritten).
@@ -298,20 +298,18 @@ struct Scan {
   }
 
   void admit(const Found& f) {
-    const Key k{learnt.rate0[f.cls], static_cast<int32_t>(found.size())};
-    keys.push_back(k);
+    const double r = learnt.rate0[f.cls];
+    keys.push_back({r, static_cast<int32_t>(found.size())});
     found.push_back(f);
     if (f.rewritten) return;
-    auto worse = [](const Key& a, const Key& b) { return selected_before(a, b); };  // worst on top
-    if (nbest < kMaxAnchors) {
-      best[nbest++] = k;
-      std::push_heap(best.begin(), best.begin() + nbest, worse);
-    } else {
-      std::pop_heap(best.begin(), best.end(), worse);
-      best[kMaxAnchors - 1] = k;
-      std::push_heap(best.begin(), best.end(), worse);
-    }
-    if (nbest == kMaxAnchors) floor = best[0].rate0;
+    originals.push_back(r);
+    // Every kMaxAnchors originals: the floor := the kMaxAnchors-th largest rate0 (ties with it rank later, lose).
+    if (++since < kMaxAnchors || originals.size() < static_cast<size_t>(kMaxAnchors)) return;
+    since = 0;
+    auto kth = originals.begin() + (kMaxAnchors - 1);
+    std::nth_element(originals.begin(), kth, originals.end(), std::greater<double>());
+    floor = *kth;
+    originals.resize(kMaxAnchors);  // the rest can never matter again
   }
 
   // The rewritten copies of the source just scanned, after its originals and in their order (anchors.py:
@@ -322,12 +320,13 @@ struct Scan {
     copies.clear();
   }
 
-  // Drops the keys that rank after the worst of the best originals (they can never be used).
+  // Drops the keys that can never be used: below the kMaxAnchors-th best original's rate0 (ties are kept).
   void prune_keys() {
-    if (nbest < kMaxAnchors) return;
-    const Key worst = best[0];
-    keys.erase(std::remove_if(keys.begin(), keys.end(), [&](const Key& k) { return selected_before(worst, k); }),
-               keys.end());
+    if (originals.size() < static_cast<size_t>(kMaxAnchors)) return;
+    auto kth = originals.begin() + (kMaxAnchors - 1);
+    std::nth_element(originals.begin(), kth, originals.end(), std::greater<double>());
+    const double worst = *kth;
+    keys.erase(std::remove_if(keys.begin(), keys.end(), [&](const Key& k) { return k.rate0 < worst; }), keys.end());
   }
 };
 
@@ -537,6 +536,7 @@ struct Scratch {
   std::vector<Found> found;
   std::vector<Key> keys;
   std::vector<Found> copies;  // a source's rewritten copies until its originals are all found
+  std::vector<double> originals;  // the floor's scratch (Scan)
   std::array<int32_t, kMaxAnchors * kDepthMax> rewritten;  // [chosen anchors, kDepthMax] rewritten continuations
   int32_t match_len = 0;                                    // the best chosen anchor's match length
   Trie trie;
@@ -966,7 +966,8 @@ void collect(const Config& cfg, const Learnt& learnt, const Request& req, const 
   const DraftSources& src = req.sources;
   const int64_t n = static_cast<int64_t>(req.ctx.size());
   const int64_t own = n - req.prompt_len + std::min<int64_t>(cfg.prompt_tail, req.prompt_len);
-  Scan sc{cfg, req.ctx.data(), n, own, learnt, s.found, s.keys, s.copies};
+  s.originals.clear();
+  Scan sc{cfg, req.ctx.data(), n, own, learnt, s.found, s.keys, s.copies, s.originals};
   auto scan_list = [&](int32_t source, const CorpusPtr* first, const CorpusPtr* last) {
     if (first == last) return;
     for (int32_t kind = 0; kind < 2; ++kind) scan_corpora(sc, source, kind, first, last);
@@ -998,8 +999,17 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
   p.nodes.reserve(1 + std::min<size_t>(s.keys.size(), kMaxAnchors) * reach);  // no reallocation while building
   t.reset(p.nodes);
   p.anchors.clear();
+  // The next anchor's rates and continuation are cache misses (a 1.5 MB table, a corpus): ask for them one
+  // anchor ahead.
+  auto prefetch = [&](const Key& k) {
+    const Found& f = s.found[k.index];
+    prefetch_line(learnt.rates.data() + static_cast<size_t>(f.cls) * kDepthMax);
+    prefetch_line(f.seq + f.j);
+  };
+  if (!s.keys.empty()) prefetch(s.keys.front());
   for (auto end = s.keys.end(); end != s.keys.begin() && p.anchors.size() < kMaxAnchors; --end) {
     std::pop_heap(s.keys.begin(), end, worse);
+    if (end - 1 != s.keys.begin()) prefetch(s.keys.front());
     const Found& f = s.found[(end - 1)->index];
     const int64_t len = std::min(reach, f.seq_len - f.j);
     const int32_t* cont = f.seq + f.j;
