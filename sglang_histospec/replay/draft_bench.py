@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -92,6 +93,7 @@ class DraftBenchResult:
             "tau": round((self.accepted + self.verify_steps) / max(self.verify_steps, 1), 4),
             "drafted_per_request": round(self.drafted / max(self.verify_steps, 1), 3),
             "drafts_sha1": self.digest.hexdigest(),
+            "load_avg_1min": round(os.getloadavg()[0], 2),
         }
         if self.draft_call_us_threads:
             out["draft_threads"] = self.cfg.draft_threads
