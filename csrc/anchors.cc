@@ -188,6 +188,40 @@ std::pair<const Posting*, const Posting*> Corpus::postings(int32_t token) const 
   return {postings_.data() + e->lo, postings_.data() + e->hi};
 }
 
+std::shared_ptr<const CorpusDirectory> CorpusDirectory::build(CorpusList list) {
+  auto d = std::make_shared<CorpusDirectory>();
+  // Count the corpora of each token (in hi), give each group its offset, then fill in newest corpus first.
+  for (const CorpusPtr& c : *list)
+    for (const TokenTable::Slot& e : c->table().slots())
+      if (e.token != -1 && e.hi > e.lo) ++d->table_.insert(e.token).hi;
+  int32_t offset = 0;
+  for (TokenTable::Slot& e : d->table_.slots()) {
+    e.lo = offset;
+    offset += e.hi;
+    e.hi = e.lo;
+  }
+  d->runs_.resize(offset);
+  for (auto it = list->rbegin(); it != list->rend(); ++it) {
+    const Corpus& c = **it;
+    for (const TokenTable::Slot& e : c.table().slots())
+      if (e.token != -1 && e.hi > e.lo)
+        d->runs_[d->table_.insert(e.token).hi++] = {&c, c.posting_data() + e.lo, c.posting_data() + e.hi};
+  }
+  d->list_ = std::move(list);
+  return d;
+}
+
+std::pair<const PostingRun*, const PostingRun*> CorpusDirectory::runs(int32_t token) const {
+  const TokenTable::Slot* e = table_.find(token);
+  if (!e) return {nullptr, nullptr};
+  return {runs_.data() + e->lo, runs_.data() + e->hi};
+}
+
+size_t CorpusDirectory::memory_bytes() const {
+  return sizeof(CorpusDirectory) + runs_.capacity() * sizeof(PostingRun) +
+         table_.slots().capacity() * sizeof(TokenTable::Slot);
+}
+
 size_t Corpus::memory_bytes() const {
   return sizeof(Corpus) + tokens_.capacity() * sizeof(int32_t) + starts_.capacity() * sizeof(int64_t) +
          wclass_.capacity() + postings_.capacity() * sizeof(Posting) +
@@ -373,27 +407,46 @@ inline void consider(Scan& sc, int32_t s, int32_t kind, const int32_t* seq, int6
   sc.offer(s, kind, seq, seq_len, j, length, extra);
 }
 
+// The postings of one run, newest first, until the scan has seen kScan positions; false once it has.
+inline bool scan_run(Scan& sc, int32_t s, int32_t kind, int32_t lmin, const PostingRun& run, int32_t& seen) {
+  const Corpus& corpus = *run.corpus;
+  for (const Posting* p = run.hi; p != run.lo;) {
+    --p;
+    if (seen == kScan) return false;
+    // Each posting's tokens lie far from the last one's: fetch kPrefetch postings ahead, so misses overlap.
+    if (p - run.lo >= kPrefetch) corpus.prefetch(p[-kPrefetch]);
+    ++seen;
+    const Span seq = corpus.sequence(p->seq);
+    consider(sc, s, kind, seq.data, seq.size, p->j, lmin, s == kHistory ? corpus.wclass(p->seq) : 0);
+  }
+  return true;
+}
+
+int32_t min_length(const Scan& sc, int32_t s, int32_t kind) {
+  return kind ? kSubMinMatch : s == kGlobal ? kGlobalMinMatch : sc.cfg.min_match;
+}
+
 // One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
 // ctx[n - 1 - kind], those matching at least the source's minimum length.
 void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, const CorpusPtr* last) {
-  const int64_t n = sc.n;
-  if (n < 1 + kind) return;
-  const int32_t key = sc.ctx[n - 1 - kind];
-  const int32_t lmin = kind ? kSubMinMatch : s == kGlobal ? kGlobalMinMatch : sc.cfg.min_match;
+  if (sc.n < 1 + kind) return;
+  const int32_t key = sc.ctx[sc.n - 1 - kind], lmin = min_length(sc, s, kind);
   int32_t seen = 0;
   for (const CorpusPtr* it = last; it != first;) {
     const Corpus& corpus = **--it;
     const auto [lo, hi] = corpus.postings(key);
-    for (const Posting* p = hi; p != lo;) {
-      --p;
-      if (seen == kScan) return;
-      // Each posting's tokens lie far from the last one's: fetch kPrefetch postings ahead, so misses overlap.
-      if (p - lo >= kPrefetch) corpus.prefetch(p[-kPrefetch]);
-      ++seen;
-      const Span seq = corpus.sequence(p->seq);
-      consider(sc, s, kind, seq.data, seq.size, p->j, lmin, s == kHistory ? corpus.wclass(p->seq) : 0);
-    }
+    if (lo != hi && !scan_run(sc, s, kind, lmin, {&corpus, lo, hi}, seen)) return;
   }
+}
+
+// The same over a directory's corpora (newest first): one probe instead of one per corpus.
+void scan_directory(Scan& sc, int32_t s, int32_t kind, const CorpusDirectory& dir) {
+  if (sc.n < 1 + kind) return;
+  const int32_t key = sc.ctx[sc.n - 1 - kind], lmin = min_length(sc, s, kind);
+  int32_t seen = 0;
+  const auto [first, last] = dir.runs(key);
+  for (const PostingRun* run = first; run != last; ++run)
+    if (!scan_run(sc, s, kind, lmin, *run, seen)) return;
 }
 
 // The running siblings (group, newest started first, never `self`), each as a corpus of its one sequence ctx[base,
@@ -700,6 +753,12 @@ void AnchorDrafter::publish_global() {
   global_list_ = std::move(list);
 }
 
+DirectoryPtr AnchorDrafter::global_directory(const CorpusList& list) const {
+  std::lock_guard lock(global_dir_mu_);
+  if (!global_dir_ || global_dir_->list() != list) global_dir_ = CorpusDirectory::build(list);
+  return global_dir_;
+}
+
 void AnchorDrafter::refresh_sources(Request& req) const {
   if (req.sources_gen == sources_gen_.load(std::memory_order_acquire)) return;
   DraftSources src;
@@ -711,7 +770,10 @@ void AnchorDrafter::refresh_sources(Request& req) const {
       if (cfg_.sources[kSiblings]) src.siblings = it->second.siblings;
     }
   }
-  if (cfg_.sources[kGlobal]) src.global = global_list_;
+  if (cfg_.sources[kGlobal] && global_list_ && !global_list_->empty()) {
+    src.global = global_list_;
+    src.global_dir = global_directory(global_list_);
+  }
   req.sources = std::move(src);
   req.sources_gen = sources_gen_.load(std::memory_order_relaxed);  // writers bump it under the unique lock
 }
@@ -980,7 +1042,10 @@ void collect(const Config& cfg, const Learnt& learnt, const Request& req, const 
     for (int32_t kind = 0; kind < 2; ++kind) scan_self(sc, kind, req.prev.data());
     sc.add_rewritten();
   }
-  if (src.global) scan_list(kGlobal, src.global->data(), src.global->data() + src.global->size());
+  if (src.global_dir) {
+    for (int32_t kind = 0; kind < 2; ++kind) scan_directory(sc, kGlobal, kind, *src.global_dir);
+    sc.add_rewritten();
+  }
   if (group) {
     for (int32_t kind = 0; kind < 2; ++kind) scan_running(sc, kind, *group, req);
     sc.add_rewritten();
@@ -1120,6 +1185,8 @@ size_t AnchorDrafter::memory_bytes() const {
         for (const auto& c : *e.siblings) total += c->memory_bytes();
     }
     for (const auto& g : global_) total += g.second->memory_bytes();
+    std::lock_guard dir_lock(global_dir_mu_);
+    if (global_dir_) total += global_dir_->memory_bytes();
   }
   std::shared_lock lock(requests_mu_);
   for (const auto& [id, g] : running_) total += id.capacity() + sizeof(*g) + g->capacity() * sizeof(g->front());

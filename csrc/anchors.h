@@ -137,6 +137,8 @@ class Corpus {
   }
   // Postings of `token`, oldest first (empty when it never precedes a token).
   std::pair<const Posting*, const Posting*> postings(int32_t token) const;
+  const TokenTable& table() const { return table_; }
+  const Posting* posting_data() const { return postings_.data(); }
 
   size_t memory_bytes() const;
   std::string check_integrity() const;  // debug: "" when every posting points at its token
@@ -152,9 +154,34 @@ class Corpus {
 using CorpusPtr = std::shared_ptr<const Corpus>;
 using CorpusList = std::shared_ptr<const std::vector<CorpusPtr>>;  // oldest first, replaced whole (copy on write)
 
+struct PostingRun {  // one corpus's postings of a token
+  const Corpus* corpus;
+  const Posting *lo, *hi;
+};
+
+// The postings of a list of corpora by token, newest corpus first: a draft probes one table per kind instead of one
+// per corpus (the global source holds one corpus per prompt and step: hundreds). Immutable; keeps its list alive.
+class CorpusDirectory {
+ public:
+  static std::shared_ptr<const CorpusDirectory> build(CorpusList list);
+
+  const CorpusList& list() const { return list_; }
+  // The runs of `token`, newest corpus first (empty when no corpus has it).
+  std::pair<const PostingRun*, const PostingRun*> runs(int32_t token) const;
+  size_t memory_bytes() const;
+
+ private:
+  CorpusList list_;
+  std::vector<PostingRun> runs_;  // grouped by token, newest corpus first within a group
+  TokenTable table_;              // token -> its group runs_[lo, hi)
+};
+
+using DirectoryPtr = std::shared_ptr<const CorpusDirectory>;
+
 struct DraftSources {  // the corpora one draft reads (null: none), each list oldest first
   CorpusPtr history;
   CorpusList siblings, global;
+  DirectoryPtr global_dir;  // global's postings by token (null when global is)
 };
 
 // A draft's trie as kept until its outcome is known: enough to replay the reference's learning step.
@@ -272,6 +299,9 @@ class AnchorDrafter {
   std::unordered_map<std::string, PromptSources> prompts_;
   std::vector<std::pair<int64_t, CorpusPtr>> global_;  // insertion order
   CorpusList global_list_;                              // global_'s corpora, oldest first
+  mutable std::mutex global_dir_mu_;                    // guards global_dir_
+  mutable DirectoryPtr global_dir_;  // built for global_list_ by the first draft that reads it after a change
+  DirectoryPtr global_directory(const CorpusList& list) const;
   mutable std::shared_mutex requests_mu_;  // guards requests_ and running_
   std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
   std::unordered_map<std::string, RunningGroup> running_;  // prompt id -> its running requests (running source on)
