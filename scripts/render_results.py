@@ -53,6 +53,23 @@ INDEX_TARGETS = {
 }
 """Issue 2's targets at batch 256 (issue 46: the batch's draft step on 2 threads): latency and memory at most,
 ingest (per CPU second) at least."""
+DRAFT_COST_TARGETS = {"draft_us_p50": 10.0, "p99_over_p50": 2.0, "step_ms_threads": 1.5, "ratio": 0.5, "growth": 1.5}
+"""Issue 53's targets for ``bench draft`` at batch 256, budget 8: us per request, the batch call's p99 / p50, the
+call on 2 threads (ms), ours / NGRAM's ``batch_get``, and the growth per request from ~600- to 4K-token responses."""
+SYNTH_SHORT, SYNTH_LONG, SYNTH_MANY = ("build/synth-600.jsonl.gz", "build/synth-4096.jsonl.gz",
+                                      "build/synth-many.jsonl.gz")  # fmt: skip
+SYNTH_CMD = (
+    "histospec trace synth build/synth-{n}.jsonl.gz --prompts 8 --group-size 8 --epochs 6 --vocab 49152 "
+    "--mean-len {n} --length-sigma 0.3 --max-len {m} --seed 0"
+)
+SYNTH_MANY_CMD = (
+    "histospec trace synth build/synth-many.jsonl.gz --prompts 256 --group-size 8 --epochs 4 --vocab 49152 "
+    "--mean-len 300 --length-sigma 0.3 --max-len 600 --seed 0"
+)
+DRAFT_TRACES = (
+    "docs/data/smollm2-ledger.jsonl.gz", "docs/data/smollm2-report.jsonl.gz", SYNTH_SHORT, SYNTH_LONG, SYNTH_MANY,
+    "docs/data/smollm2-arith.jsonl.gz", "docs/data/smollm2-units.jsonl.gz",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -282,6 +299,67 @@ def render_index(doc: Path) -> str:
     return (
         table(head, rows) + "\n" + source([res], doc, "OMP_NUM_THREADS=1 histospec bench index --json  # three times")
     )
+
+
+def render_draft_cost(doc: Path) -> str:
+    """``bench draft`` per trace (the median of its runs) beside SGLang NGRAM on the same windows, and the targets."""
+    res = find("bench_draft")
+    by: dict[str, list[dict]] = {}
+    for r in res.rows():
+        by.setdefault(r["trace"], []).append(r)
+
+    def med(runs: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    rows, threads = [], {r["draft_threads"] for r in res.rows()}
+    assert len(threads) == 1, f"bench_draft runs with different --draft-threads: {sorted(threads)}"
+    for trace in sorted(by, key=lambda t: DRAFT_TRACES.index(t) if t in DRAFT_TRACES else len(DRAFT_TRACES)):
+        runs = by[trace]
+        rows.append([
+            f"`{Path(trace).name.removesuffix('.jsonl.gz')}`", f"{med(runs, 'mean_response_tokens'):.0f}",
+            f"{med(runs, 'draft_us_p50'):.1f}",
+            f"{statistics.median(r['draft_call_us_p99'] / r['draft_call_us_p50'] for r in runs):.2f}",
+            f"{med(runs, 'draft_call_us_p50') / 1e3:.1f} / {med(runs, 'draft_call_us_p50_threads') / 1e3:.1f}",
+            f"{med(runs, 'extend_us_p50') / 1e3:.2f}", f"{med(runs, 'ngram_batch_get_us_p50_per_request'):.1f}",
+            f"{med(runs, 'ratio'):.2f}x", f"{med(runs, 'extend_ratio'):.2f}x", f"{med(runs, 'tau'):.2f}",
+            f"{len(runs)} ({min(r['load_avg_1min'] for r in runs):.1f}-{max(r['load_avg_1min'] for r in runs):.1f})",
+        ])  # fmt: skip
+    head = ["trace", "response tokens", "draft us / request", "call p99 / p50"]
+    head += [f"call ms, 1 / {threads.pop()} threads", "extend ms / call", "NGRAM get us / request", "ours / NGRAM get"]
+    head += ["extend / NGRAM put", "tau", "runs (load)"]
+    cmd = (
+        "OMP_NUM_THREADS=1 histospec bench draft TRACE --batch 256 --budget 8 --json  # three times each; "
+        f"{SYNTH_CMD.format(n='N', m='2N')}; {SYNTH_MANY_CMD}"
+    )
+    return table(head, rows) + "\n" + source([res], doc, cmd) + "\n\n" + draft_cost_targets(by)
+
+
+def draft_cost_targets(by: dict[str, list[dict]]) -> str:
+    """One line per target of issue 53 over the long traces (their worst median), met or missed."""
+    t = DRAFT_COST_TARGETS
+    long = [runs for trace, runs in by.items() if "ledger" in trace or "report" in trace or trace == SYNTH_LONG]
+    if not long:
+        return ""
+
+    def worst(key: Callable[[list[dict]], float]) -> float:
+        return max(key(runs) for runs in long)
+
+    p50 = worst(lambda rs: statistics.median(r["draft_us_p50"] for r in rs))
+    tail = worst(lambda rs: statistics.median(r["draft_call_us_p99"] / r["draft_call_us_p50"] for r in rs))
+    step = worst(lambda rs: statistics.median(r["draft_call_us_p50_threads"] for r in rs)) / 1e3
+    ngram = worst(lambda rs: statistics.median(r["ratio"] for r in rs))
+    lines = [
+        f"per request p50 {p50:.1f} us (target <= {t['draft_us_p50']:.0f}: {verdict(p50 <= t['draft_us_p50'])})",
+        f"call p99 / p50 {tail:.2f} (<= {t['p99_over_p50']:.0f}: {verdict(tail <= t['p99_over_p50'])})",
+        f"batch call on 2 threads {step:.1f} ms (<= {t['step_ms_threads']}: {verdict(step <= t['step_ms_threads'])})",
+        f"ours / NGRAM batch_get {ngram:.2f}x (<= {t['ratio']}x: {verdict(ngram <= t['ratio'])})",
+    ]
+    if SYNTH_SHORT in by and SYNTH_LONG in by:
+        grow = statistics.median(r["draft_us_p50"] for r in by[SYNTH_LONG]) / statistics.median(
+            r["draft_us_p50"] for r in by[SYNTH_SHORT]
+        )
+        lines.append(f"growth 600 -> 4,096 tokens {grow:.2f}x (<= {t['growth']}x: {verdict(grow <= t['growth'])})")
+    return "Worst of the long traces: " + "; ".join(lines) + "."
 
 
 def render_engine(doc: Path) -> str:
@@ -579,15 +657,27 @@ def readme_drafting_rows() -> list[list[str]]:
             workload = f"`{t}` lockstep replay" + (", held out" if t in HELD_OUT else "")
             rows.append(["tau vs best peer; vs NGRAM as deployed, N = 8 / 16", workload, measured, "1.3x; 1.5x",
                          "lockstep-replay"])  # fmt: skip
-    idx = find("bench_index").rows()
-    p50, p99 = (statistics.median(r[k] for r in idx) for k in ("draft_us_p50", "draft_us_p99"))
-    target = (
-        f"5 / 50 us: {verdict(p50 <= INDEX_TARGETS['draft_us_p50'])} / {verdict(p99 <= INDEX_TARGETS['draft_us_p99'])}"
-    )
-    rows.append(["draft latency p50 / p99", "index, batch 256", f"{p50:.1f} / {p99:.0f} us", target, "history-index"])
-    step, threads = statistics.median(r["step_ms_threads"] for r in idx), idx[0]["threads"]
-    target = f"1 ms: {verdict(step <= INDEX_TARGETS['step_ms_threads'])}"
-    rows.append(["draft step, batch 256", f"index, {threads} threads", f"{step:.1f} ms", target, "history-index"])
+    runs = find("bench_draft").rows()
+    t = DRAFT_COST_TARGETS
+    real = [x for x in DRAFT_TRACES[:2] if any(r["trace"] == x for r in runs)]
+
+    def med(trace: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["trace"] == trace)
+
+    workload = " / ".join(f"`{Path(x).name.removesuffix('.jsonl.gz')}`" for x in real) + ", batch 256"
+    p50 = [med(x, "draft_us_p50") for x in real]
+    cell = " / ".join(f"{v:.0f}" for v in p50) + " us"
+    rows.append(["draft cost per request", workload, cell, f"10 us: {verdict(max(p50) <= t['draft_us_p50'])}",
+                 "draft-cost"])  # fmt: skip
+    vs = [med(x, "ratio") for x in real]
+    cell = " / ".join(f"{v:.2f}x" for v in vs)
+    rows.append(["draft cost / NGRAM's batch_get", workload, cell, f"0.5x: {verdict(max(vs) <= t['ratio'])}",
+                 "draft-cost"])  # fmt: skip
+    step = [med(x, "draft_call_us_p50_threads") / 1e3 for x in real]
+    threads = runs[0]["draft_threads"]
+    cell = " / ".join(f"{v:.1f}" for v in step) + " ms"
+    rows.append([f"draft step, {threads} threads", workload, cell,
+                 f"1.5 ms: {verdict(max(step) <= t['step_ms_threads'])}", "draft-cost"])  # fmt: skip
     return rows
 
 
@@ -624,6 +714,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "drafting": render_drafting,
     "drafting-toy": render_drafting_toy,
     "index": render_index,
+    "draft-cost": render_draft_cost,
     "engine": render_engine,
     "engine-targets": render_engine_targets,
     "demo": render_demo,
@@ -691,6 +782,15 @@ RUNS = (
         "bench_index",
         "for i in 1 2 3; do OMP_NUM_THREADS=1 histospec bench index --json | tail -1 >> {out}; done",
         6,
+        "jsonl",
+    ),
+    Run(
+        "bench_draft",
+        " && ".join([*(SYNTH_CMD.format(n=n, m=2 * n) for n in (600, 4096)), SYNTH_MANY_CMD])
+        + " && for i in 1 2 3; do for t in "
+        + " ".join(DRAFT_TRACES)
+        + "; do OMP_NUM_THREADS=1 histospec bench draft $t --batch 256 --budget 8 --json | tail -1 >> {out}; done; done",
+        15,
         "jsonl",
     ),
     Run(
