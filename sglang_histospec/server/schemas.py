@@ -172,6 +172,45 @@ class GenerateBody(_Strict):
     audio_data: None = None
 
 
+class SGLangSamplingParamsBody(SamplingParamsBody):
+    """``sampling_params`` as the SGLang backend receives them: the shared fields are typed and checked as on the torch
+    backend; SGLang's other fields (and those the torch backend refuses) pass to SGLang, which checks them itself."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class SGLangGenerateBody(GenerateBody):
+    """A /generate body as the SGLang backend receives it: the shared fields as :class:`GenerateBody` types them,
+    every other field left to SGLang (multimodal inputs, LoRA, logprob options and so on)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    sampling_params: SGLangSamplingParamsBody | list[SGLangSamplingParamsBody] | None = None
+    token_ids_logprob: Any = None
+    lora_path: Any = None
+    custom_logit_processor: Any = None
+    input_embeds: Any = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+
+
+class CompletionBody(BaseModel):
+    """The fields of an OpenAI ``/v1/completions`` or ``/v1/chat/completions`` body that the SGLang backend checks
+    before SGLang sees them (the rest is SGLang's): token-id prompts, samples, seed, lengths and sampling values."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    prompt: Any = None
+    n: Int | None = None
+    seed: Int | None = None
+    max_tokens: Int | None = None
+    max_completion_tokens: Int | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Int | None = None
+    stop_token_ids: list[Int] | None = None
+    custom_params: CustomParams | None = None
+
+
 class HistoryEntryBody(_Strict):
     prompt_id: Str | Int
     responses: list[list[Int]]
@@ -284,7 +323,10 @@ MODELS = (
     StepPrompt,
     AbortRequestBody,
     GenerateBody,
+    SGLangGenerateBody,
     SamplingParamsBody,
+    SGLangSamplingParamsBody,
+    CompletionBody,
     CustomParams,
     HistoryPushBody,
     HistoryEntryBody,
@@ -325,17 +367,23 @@ def _check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
     raise FieldError(f"{where}[{j}]", f"token id {ids[j]} is outside the vocabulary [0, {limits.vocab_size})")
 
 
-def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits) -> None:
-    """The checks of one item's ``sampling_params`` that need no model (``where``: its JSON path)."""
+def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits, sglang_features: bool) -> None:
+    """The checks of one item's ``sampling_params`` that need no model (``where``: its JSON path).
+    ``sglang_features``: the backend is SGLang, which serves stop strings, penalties and grammars itself."""
     if sp.n < 1 or sp.n > limits.max_n:
         raise FieldError(f"{where}.n", f"must be in [1, {limits.max_n}] (max_n), got {sp.n}")
     if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
         _check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
-    for name, neutral in _NEUTRAL.items():
-        if getattr(sp, name) != neutral:
-            raise FieldError(f"{where}.{name}", f"not supported by this server (only {neutral!r})")
-    if sp.stop:
-        raise FieldError(f"{where}.stop", "stop strings are not supported; use stop_token_ids")
+    if not sglang_features:
+        for name, neutral in _NEUTRAL.items():
+            if getattr(sp, name) != neutral:
+                raise FieldError(f"{where}.{name}", f"not supported by this server (only {neutral!r})")
+        if sp.stop:
+            raise FieldError(f"{where}.stop", "stop strings are not supported; use stop_token_ids")
+    elif sp.seed is not None:
+        raise FieldError(f"{where}.seed", "SGLang's sampling field is sampling_seed; send sampling_seed instead")
+    elif sp.top_k == 0:
+        raise FieldError(f"{where}.top_k", "must be -1 (off) or >= 1 on SGLang, got 0")
     if not sp.temperature >= 0 or sp.temperature == float("inf"):
         raise FieldError(f"{where}.temperature", f"must be a finite number >= 0, got {sp.temperature}")
     if not 0 < sp.top_p <= 1:
@@ -427,19 +475,21 @@ def num_prompts(body: GenerateBody) -> int:
     return len(body.input_ids) if is_batch(body) else 1
 
 
-def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
+def check_generate_body(body: GenerateBody, limits: RequestLimits, sglang_features: bool = False) -> int:
     """Every check of a /generate body that needs no model (shape, client limits, ids, sampling values); returns
     the number of samples it asks for (prompts x n). Cheap: it runs before tokenizing. Shared by the server
-    (inside :func:`to_generate_requests`) and the router.
+    (inside :func:`to_generate_requests`), the SGLang backend (:func:`check_sglang_generate`, with
+    ``sglang_features``: SGLang's own features such as streaming, stop strings or logprob options are SGLang's to
+    check) and the router.
 
     Example: ``check_generate_body(GenerateBody(input_ids=[[1], [2]], sampling_params={"n": 3}), RequestLimits())``
     returns 6.
     """
     if (body.text is None) == (body.input_ids is None):
         raise FieldError("input_ids", "send exactly one of `text` and `input_ids`")
-    if body.stream:
+    if body.stream and not sglang_features:
         raise FieldError("stream", "streaming is not supported; send stream=false")
-    if body.return_hidden_states:
+    if body.return_hidden_states and not sglang_features:
         raise FieldError("return_hidden_states", "not supported")
     n = num_prompts(body)
     _check_prompts(body, n, limits)
@@ -450,14 +500,16 @@ def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
         raise FieldError("rid", "request ids in one batch must be distinct")
     for r in named:
         _check_id(r, "rid", limits)
-    if any(v != -1 for v in _per_item(body.logprob_start_len, n, "logprob_start_len")):
+    logprob_start = _per_item(body.logprob_start_len, n, "logprob_start_len")
+    top_logprobs = _per_item(body.top_logprobs_num, n, "top_logprobs_num")
+    if any(v != -1 for v in logprob_start) and not sglang_features:
         raise FieldError("logprob_start_len", "input-token logprobs are not supported; leave it at -1")
-    if any(v != 0 for v in _per_item(body.top_logprobs_num, n, "top_logprobs_num")):
+    if any(v != 0 for v in top_logprobs) and not sglang_features:
         raise FieldError("top_logprobs_num", "top logprobs are not supported; leave it at 0")
     sps = [sp or SamplingParamsBody() for sp in _per_item(body.sampling_params, n, "sampling_params")]
     for i, sp in enumerate(sps):
         where = _sampling_where(body, i)
-        _check_sampling(sp, where, limits)
+        _check_sampling(sp, where, limits, sglang_features)
         if sp.n != sps[0].n:
             raise FieldError(f"{where}.n", "must be the same for every prompt of a batch")
     if n * sps[0].n > limits.max_samples:
@@ -496,9 +548,12 @@ def _sampling_where(body: GenerateBody, i: int) -> str:
     return f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
 
 
-def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: list[list[int]] | None = None) -> None:
+def check_generate_for_model(
+    body: GenerateBody, limits: ModelLimits, prompts: list[list[int]] | None = None, check_context: bool = True
+) -> None:
     """The checks of a /generate body that need the model, after :func:`check_generate_body`: every prompt and stop
-    token id within the vocabulary, every prompt plus its ``max_new_tokens`` within the context length.
+    token id within the vocabulary, every prompt plus its ``max_new_tokens`` within the context length (unless
+    ``check_context`` is False: SGLang with ``--allow-auto-truncate`` cuts them instead).
     ``prompts``: the token ids of each prompt (a ``text`` body's, tokenized); None = the body's ``input_ids``.
 
     Example: with ``ModelLimits(vocab_size=100, context_len=64)``, ``{"input_ids": [1, 100]}`` raises
@@ -512,9 +567,12 @@ def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: l
         if len(ids) == 0:
             raise FieldError(where, "empty prompt")
         _check_tokens(ids, limits, where)
+        sp, sp_where = sps[i] or SamplingParamsBody(), _sampling_where(body, i)
+        _check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
+        if not check_context:
+            continue
         if len(ids) >= limits.context_len:
             raise FieldError(where, f"prompt has {len(ids)} tokens; the context length is {limits.context_len}")
-        sp, sp_where = sps[i] or SamplingParamsBody(), _sampling_where(body, i)
         max_new = _max_new_tokens(sp, limits, len(ids))
         if len(ids) + max_new > limits.context_len:
             raise FieldError(
@@ -522,7 +580,6 @@ def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: l
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new}) exceeds the context length "
                 f"{limits.context_len}",
             )
-        _check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
 
 
 def _input_ids(body: GenerateBody) -> list[list[int]]:
@@ -623,3 +680,65 @@ def to_history_entries(
             )
         )
     return out
+
+
+def check_sglang_generate(
+    raw: Any, limits: RequestLimits, model: ModelLimits | None, check_context: bool = True
+) -> SGLangGenerateBody | None:
+    """The torch backend's checks of a /generate body, applied to one that SGLang will serve (the SGLang backend
+    runs them before SGLang's tokenizer manager sees the body): types, batch shapes, client limits, seeds, prompt
+    ids, sampling values, and with ``model`` every ``input_ids`` and stop token id inside the vocabulary and within
+    the context (``check_context``). SGLang's own features pass; ``text`` is tokenized by SGLang. Raises
+    ``pydantic.ValidationError`` for a wrong type, FieldError otherwise; returns the parsed body (None for a body
+    that is not a JSON object, or one with ``input_embeds``, which SGLang checks itself).
+
+    Example: with ``ModelLimits(vocab_size=64, context_len=512)``, ``{"input_ids": [1, 5, 64]}`` raises
+    ``FieldError("input_ids[2]", "token id 64 is outside the vocabulary [0, 64)")``.
+    """
+    if not isinstance(raw, dict) or raw.get("input_embeds") is not None:
+        return None
+    body = SGLangGenerateBody.model_validate(raw)
+    check_generate_body(body, limits, sglang_features=True)
+    if model is not None and body.input_ids is not None:
+        check_generate_for_model(body, model, check_context=check_context)
+    return body
+
+
+def check_completion(raw: Any, limits: RequestLimits, model: ModelLimits | None) -> None:
+    """The shared checks of an OpenAI ``/v1/completions`` or ``/v1/chat/completions`` body on the SGLang backend:
+    token-id prompts inside the vocabulary (``prompt[j]``, ``prompt[i][j]``), ``n``, ``seed``, the token counts,
+    ``temperature``, ``top_p``, ``top_k``, ``custom_params.prompt_id`` and ``stop_token_ids``. Raises
+    ``pydantic.ValidationError`` for a wrong type, FieldError otherwise.
+
+    Example: ``check_completion({"prompt": [1, 64]}, RequestLimits(), ModelLimits(64, 512))`` raises
+    ``FieldError("prompt[1]", "token id 64 is outside the vocabulary [0, 64)")``.
+    """
+    if not isinstance(raw, dict):
+        return
+    body = CompletionBody.model_validate(raw)
+    if body.n is not None and not 1 <= body.n <= limits.max_n:
+        raise FieldError("n", f"must be in [1, {limits.max_n}] (max_n), got {body.n}")
+    if body.seed is not None and body.seed < 0:
+        raise FieldError("seed", f"must be an int >= 0 (leave it out for an unseeded request), got {body.seed}")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(body, name)
+        if value is not None and value < 1:
+            raise FieldError(name, f"must be >= 1, got {value}")
+    if body.temperature is not None and (not body.temperature >= 0 or body.temperature == float("inf")):
+        raise FieldError("temperature", f"must be a finite number >= 0, got {body.temperature}")
+    if body.top_p is not None and not 0 < body.top_p <= 1:
+        raise FieldError("top_p", f"must be in (0, 1], got {body.top_p}")
+    if body.top_k is not None and (body.top_k == 0 or body.top_k < -1):
+        raise FieldError("top_k", f"must be -1 (off) or >= 1, got {body.top_k}")
+    if body.custom_params is not None and body.custom_params.prompt_id is not None:
+        _check_id(str(body.custom_params.prompt_id), "custom_params.prompt_id", limits)
+    if model is None:
+        return
+    _check_tokens(list(body.stop_token_ids or []), model, "stop_token_ids")
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        _check_tokens(prompt, model, "prompt")
+    elif isinstance(prompt, list):
+        for i, item in enumerate(prompt):
+            if isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+                _check_tokens(item, model, f"prompt[{i}]")
