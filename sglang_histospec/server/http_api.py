@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.protocol import BackendError
 from sglang_histospec.server.schemas import MODELS, FieldError
+from sglang_histospec.server.sglang_schemas import SGLANG_MODELS
 
 ADMIN_ROUTES = frozenset(
     {
@@ -38,7 +39,7 @@ ADMIN_ROUTES = frozenset(
     }
 )
 """Routes that change server state (history, weights, caches, other clients' requests)."""
-_FIELD_NAMES = frozenset(name for model in MODELS for name in model.model_fields)
+_FIELD_NAMES = frozenset(name for model in MODELS + SGLANG_MODELS for name in model.model_fields)
 
 
 class ApiError(Exception):

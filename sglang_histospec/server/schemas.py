@@ -3,7 +3,7 @@
 Pydantic checks types (strictly: ``"5"`` is not a token id) and unknown fields. A /generate body is converted once,
 at the boundary, into ``engine.types.GenerateRequest`` (``to_generate_requests``) and validated once on the way:
 ``check_generate_body`` (no model needed: shapes, client limits, sampling values) and ``check_generate_for_model``
-(vocabulary, context length). ``to_history_entries`` checks a history push. Each raises ``FieldError`` naming the
+(vocabulary, context length); the SGLang backend applies them too (``sglang_schemas.py``). ``to_history_entries`` checks a history push. Each raises ``FieldError`` naming the
 field, e.g. ``input_ids[1][3]: token id 70000 is outside the vocabulary [0, 32000)``.
 
 Example::
@@ -172,45 +172,6 @@ class GenerateBody(_Strict):
     audio_data: None = None
 
 
-class SGLangSamplingParamsBody(SamplingParamsBody):
-    """``sampling_params`` as the SGLang backend receives them: the shared fields are typed and checked as on the torch
-    backend; SGLang's other fields (and those the torch backend refuses) pass to SGLang, which checks them itself."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class SGLangGenerateBody(GenerateBody):
-    """A /generate body as the SGLang backend receives it: the shared fields as :class:`GenerateBody` types them,
-    every other field left to SGLang (multimodal inputs, LoRA, logprob options and so on)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    sampling_params: SGLangSamplingParamsBody | list[SGLangSamplingParamsBody] | None = None
-    token_ids_logprob: Any = None
-    lora_path: Any = None
-    custom_logit_processor: Any = None
-    input_embeds: Any = None
-    image_data: Any = None
-    video_data: Any = None
-    audio_data: Any = None
-
-
-class CompletionBody(BaseModel):
-    """The fields of an OpenAI ``/v1/completions`` or ``/v1/chat/completions`` body that the SGLang backend checks
-    before SGLang sees them (the rest is SGLang's): token-id prompts, samples, seed, lengths and sampling values."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    prompt: Any = None
-    n: Int | None = None
-    seed: Int | None = None
-    max_tokens: Int | None = None
-    max_completion_tokens: Int | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: Int | None = None
-    stop_token_ids: list[Int] | None = None
-    custom_params: CustomParams | None = None
-
-
 class HistoryEntryBody(_Strict):
     prompt_id: Str | Int
     responses: list[list[Int]]
@@ -306,7 +267,7 @@ def step_to_generate_body(body: StepBody, limits: RequestLimits) -> GenerateBody
     base = sp.model_dump(exclude_unset=True)
     params, ids = [], []
     for i, p in enumerate(body.prompts):
-        _check_id(str(p.prompt_id), f"prompts[{i}].prompt_id", limits)
+        check_id(str(p.prompt_id), f"prompts[{i}].prompt_id", limits)
         if not p.input_ids:
             raise FieldError(f"prompts[{i}].input_ids", "empty prompt")
         custom = {**(base.get("custom_params") or {}), "prompt_id": str(p.prompt_id)}
@@ -323,10 +284,7 @@ MODELS = (
     StepPrompt,
     AbortRequestBody,
     GenerateBody,
-    SGLangGenerateBody,
     SamplingParamsBody,
-    SGLangSamplingParamsBody,
-    CompletionBody,
     CustomParams,
     HistoryPushBody,
     HistoryEntryBody,
@@ -359,7 +317,7 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
     return [value] * n
 
 
-def _check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
+def check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
     """Every id in [0, vocab_size); the error names the first bad position (``where[j]``)."""
     if not ids or (min(ids) >= 0 and max(ids) < limits.vocab_size):
         return
@@ -373,7 +331,7 @@ def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits, s
     if sp.n < 1 or sp.n > limits.max_n:
         raise FieldError(f"{where}.n", f"must be in [1, {limits.max_n}] (max_n), got {sp.n}")
     if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
-        _check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
+        check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
     if not sglang_features:
         for name, neutral in _NEUTRAL.items():
             if getattr(sp, name) != neutral:
@@ -444,7 +402,7 @@ def is_batch(body: GenerateBody) -> bool:
     return bool(body.input_ids) and isinstance(body.input_ids[0], list)
 
 
-def _check_id(value: str, where: str, limits: RequestLimits) -> None:
+def check_id(value: str, where: str, limits: RequestLimits) -> None:
     if not value:
         raise FieldError(where, "must not be empty")
     if len(value) > limits.max_id_chars:
@@ -478,7 +436,7 @@ def num_prompts(body: GenerateBody) -> int:
 def check_generate_body(body: GenerateBody, limits: RequestLimits, sglang_features: bool = False) -> int:
     """Every check of a /generate body that needs no model (shape, client limits, ids, sampling values); returns
     the number of samples it asks for (prompts x n). Cheap: it runs before tokenizing. Shared by the server
-    (inside :func:`to_generate_requests`), the SGLang backend (:func:`check_sglang_generate`, with
+    (inside :func:`to_generate_requests`), the SGLang backend (``sglang_schemas.check_sglang_generate``, with
     ``sglang_features``: SGLang's own features such as streaming, stop strings or logprob options are SGLang's to
     check) and the router.
 
@@ -499,7 +457,7 @@ def check_generate_body(body: GenerateBody, limits: RequestLimits, sglang_featur
     if len(set(named)) != len(named):
         raise FieldError("rid", "request ids in one batch must be distinct")
     for r in named:
-        _check_id(r, "rid", limits)
+        check_id(r, "rid", limits)
     logprob_start = _per_item(body.logprob_start_len, n, "logprob_start_len")
     top_logprobs = _per_item(body.top_logprobs_num, n, "top_logprobs_num")
     if any(v != -1 for v in logprob_start) and not sglang_features:
@@ -566,9 +524,9 @@ def check_generate_for_model(
         where = f"{field_name}[{i}]" if batch else field_name
         if len(ids) == 0:
             raise FieldError(where, "empty prompt")
-        _check_tokens(ids, limits, where)
+        check_tokens(ids, limits, where)
         sp, sp_where = sps[i] or SamplingParamsBody(), _sampling_where(body, i)
-        _check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
+        check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
         if not check_context:
             continue
         if len(ids) >= limits.context_len:
@@ -652,7 +610,7 @@ def to_history_entries(
     for i, e in enumerate(body.entries):
         where = f"entries[{i}]"
         pid = str(e.prompt_id)
-        _check_id(pid, f"{where}.prompt_id", request_limits)
+        check_id(pid, f"{where}.prompt_id", request_limits)
         if len(e.responses) > request_limits.max_responses_per_entry:
             raise FieldError(
                 f"{where}.responses",
@@ -661,7 +619,7 @@ def to_history_entries(
             )
         for r, resp in enumerate(e.responses):
             if limits is not None:
-                _check_tokens(resp, limits, f"{where}.responses[{r}]")
+                check_tokens(resp, limits, f"{where}.responses[{r}]")
             elif resp and min(resp) < 0:
                 raise FieldError(f"{where}.responses[{r}]", "token ids must be >= 0")
         if e.rewards is not None and len(e.rewards) != len(e.responses):
@@ -671,7 +629,7 @@ def to_history_entries(
             raise FieldError(f"{where}.rewards", "must be finite numbers")
         if e.prompt_tokens is not None:
             if limits is not None:
-                _check_tokens(e.prompt_tokens, limits, f"{where}.prompt_tokens")
+                check_tokens(e.prompt_tokens, limits, f"{where}.prompt_tokens")
             elif e.prompt_tokens and min(e.prompt_tokens) < 0:
                 raise FieldError(f"{where}.prompt_tokens", "token ids must be >= 0")
         out.append(
@@ -680,65 +638,3 @@ def to_history_entries(
             )
         )
     return out
-
-
-def check_sglang_generate(
-    raw: Any, limits: RequestLimits, model: ModelLimits | None, check_context: bool = True
-) -> SGLangGenerateBody | None:
-    """The torch backend's checks of a /generate body, applied to one that SGLang will serve (the SGLang backend
-    runs them before SGLang's tokenizer manager sees the body): types, batch shapes, client limits, seeds, prompt
-    ids, sampling values, and with ``model`` every ``input_ids`` and stop token id inside the vocabulary and within
-    the context (``check_context``). SGLang's own features pass; ``text`` is tokenized by SGLang. Raises
-    ``pydantic.ValidationError`` for a wrong type, FieldError otherwise; returns the parsed body (None for a body
-    that is not a JSON object, or one with ``input_embeds``, which SGLang checks itself).
-
-    Example: with ``ModelLimits(vocab_size=64, context_len=512)``, ``{"input_ids": [1, 5, 64]}`` raises
-    ``FieldError("input_ids[2]", "token id 64 is outside the vocabulary [0, 64)")``.
-    """
-    if not isinstance(raw, dict) or raw.get("input_embeds") is not None:
-        return None
-    body = SGLangGenerateBody.model_validate(raw)
-    check_generate_body(body, limits, sglang_features=True)
-    if model is not None and body.input_ids is not None:
-        check_generate_for_model(body, model, check_context=check_context)
-    return body
-
-
-def check_completion(raw: Any, limits: RequestLimits, model: ModelLimits | None) -> None:
-    """The shared checks of an OpenAI ``/v1/completions`` or ``/v1/chat/completions`` body on the SGLang backend:
-    token-id prompts inside the vocabulary (``prompt[j]``, ``prompt[i][j]``), ``n``, ``seed``, the token counts,
-    ``temperature``, ``top_p``, ``top_k``, ``custom_params.prompt_id`` and ``stop_token_ids``. Raises
-    ``pydantic.ValidationError`` for a wrong type, FieldError otherwise.
-
-    Example: ``check_completion({"prompt": [1, 64]}, RequestLimits(), ModelLimits(64, 512))`` raises
-    ``FieldError("prompt[1]", "token id 64 is outside the vocabulary [0, 64)")``.
-    """
-    if not isinstance(raw, dict):
-        return
-    body = CompletionBody.model_validate(raw)
-    if body.n is not None and not 1 <= body.n <= limits.max_n:
-        raise FieldError("n", f"must be in [1, {limits.max_n}] (max_n), got {body.n}")
-    if body.seed is not None and body.seed < 0:
-        raise FieldError("seed", f"must be an int >= 0 (leave it out for an unseeded request), got {body.seed}")
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(body, name)
-        if value is not None and value < 1:
-            raise FieldError(name, f"must be >= 1, got {value}")
-    if body.temperature is not None and (not body.temperature >= 0 or body.temperature == float("inf")):
-        raise FieldError("temperature", f"must be a finite number >= 0, got {body.temperature}")
-    if body.top_p is not None and not 0 < body.top_p <= 1:
-        raise FieldError("top_p", f"must be in (0, 1], got {body.top_p}")
-    if body.top_k is not None and (body.top_k == 0 or body.top_k < -1):
-        raise FieldError("top_k", f"must be -1 (off) or >= 1, got {body.top_k}")
-    if body.custom_params is not None and body.custom_params.prompt_id is not None:
-        _check_id(str(body.custom_params.prompt_id), "custom_params.prompt_id", limits)
-    if model is None:
-        return
-    _check_tokens(list(body.stop_token_ids or []), model, "stop_token_ids")
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        _check_tokens(prompt, model, "prompt")
-    elif isinstance(prompt, list):
-        for i, item in enumerate(prompt):
-            if isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                _check_tokens(item, model, f"prompt[{i}]")

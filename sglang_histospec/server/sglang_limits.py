@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from sglang_histospec.server.http_api import ApiGuard, describe_validation, error_body, read_body, replay_receive
 from sglang_histospec.server.json_body import is_json_type
 from sglang_histospec.server.protocol import ModelLimits
-from sglang_histospec.server.schemas import FieldError, RequestLimits, check_completion, check_sglang_generate
+from sglang_histospec.server.schemas import FieldError, RequestLimits
+from sglang_histospec.server.sglang_schemas import check_completion, check_sglang_generate
 
 PREFIX = "--histospec-"
 
@@ -91,7 +92,7 @@ def check_raw_generate(
 ) -> None:
     """The torch backend's checks of a generation body (``path``: one of ``GENERATE_PATHS``) as SGLang receives it:
     FieldError or ``pydantic.ValidationError`` naming the field, worded as our server words it
-    (``schemas.check_sglang_generate``, ``schemas.check_completion``).
+    (``sglang_schemas.check_sglang_generate``, ``sglang_schemas.check_completion``).
 
     Example: ``check_raw_generate("/generate", {"text": "x" * 11}, RequestLimits(max_text_chars=10))`` raises
     ``FieldError("text", "has 11 characters; the limit is 10 (max_text_chars)")``.

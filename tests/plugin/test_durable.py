@@ -76,6 +76,8 @@ RAW = [
     ({"input_ids": [1], "sampling_params": {"seed": 3}}, "sampling_params.seed"),
     ({"input_ids": [1, 64]}, "input_ids[1]"),
     ({"input_ids": [1], "sampling_params": {"max_new_tokens": 600}}, "sampling_params.max_new_tokens"),
+    ({"text": "hi", "sampling_params": [{"max_new_tokens": 512}]}, "sampling_params[0].max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": 511}}, None),
     ([1, 2], None),
 ]  # fmt: skip
 MODEL = ModelLimits(vocab_size=64, context_len=512)
