@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 from sglang_histospec.server.http_api import ApiGuard, describe_validation, error_body, read_body, replay_receive
 from sglang_histospec.server.json_body import is_json_type
 from sglang_histospec.server.protocol import ModelLimits
-from sglang_histospec.server.schemas import FieldError, RequestLimits
+from sglang_histospec.server.schemas import FieldError, GenerateBody, RequestLimits, SamplingParamsBody
 from sglang_histospec.server.sglang_schemas import check_completion, check_sglang_generate
 
 PREFIX = "--histospec-"
@@ -106,7 +107,8 @@ def check_raw_generate(
 class GenerateGuard:
     """ASGI middleware on SGLang's app: a bad body of a generation route (``GENERATE_PATHS``) gets a 400 in the
     shared error format before SGLang's tokenizer manager or scheduler sees it (an id outside the vocabulary would
-    crash SGLang's scheduler, docs/reliability.md)."""
+    crash SGLang's scheduler, docs/reliability.md); the 4xx answers SGLang gives itself are rewritten into the same
+    format (:func:`shared_errors`)."""
 
     def __init__(self, app: Any, limits: RequestLimits, model: ModelFacts | None = None) -> None:
         self.app, self.limits, self.model = app, limits, model
@@ -124,7 +126,7 @@ class GenerateGuard:
             field, message = problem
             await JSONResponse(error_body(message, field), status_code=400)(scope, receive, send)
             return
-        await self.app(scope, replay_receive(body, receive), send)
+        await self.app(scope, replay_receive(body, receive), shared_errors(send))
 
     def _problem(self, scope: dict, path: str, body: bytes) -> tuple[str, str] | None:
         """(field, message) of what is wrong with ``body``; None: SGLang gets it."""
@@ -144,6 +146,65 @@ class GenerateGuard:
         except ValidationError as exc:
             return describe_validation(exc)
         return None
+
+
+_SAMPLING_FIELDS = frozenset(SamplingParamsBody.model_fields)
+_BODY_FIELDS = frozenset(GenerateBody.model_fields) | {"prompt", "messages", "max_tokens", "max_completion_tokens"}
+
+
+def shared_error(body: bytes) -> bytes:
+    """One of SGLang's own 4xx bodies (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"object": "error",
+    "message"}``) in the shared format; the field is the one the message starts with (``top_p must be in (0, 1]``
+    -> ``sampling_params.top_p``), else ``body``. A body already in the shared format is kept.
+
+    Example: ``shared_error(b'{"error": {"message": "top_p must be in (0, 1], got 2."}}')`` is
+    ``{"error": {"message": "sampling_params.top_p: top_p must be in (0, 1], got 2.", "field": "sampling_params.top_p"}}``.
+    """
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raw = None
+    error = raw.get("error") if isinstance(raw, dict) else None
+    if isinstance(error, dict) and "field" in error:
+        return body
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        message = error["message"]
+    elif isinstance(error, str):
+        message = error
+    elif isinstance(raw, dict) and isinstance(raw.get("message"), str):
+        message = raw["message"]
+    else:
+        message = body.decode("utf-8", "replace") or "invalid request"
+    message = message.split("\n\n  File ", 1)[0].strip()  # SGLang appends a traceback to some messages
+    word = re.match(r"[A-Za-z_]+", message)
+    name = word.group(0) if word else ""
+    field = f"sampling_params.{name}" if name in _SAMPLING_FIELDS else name if name in _BODY_FIELDS else "body"
+    return json.dumps(error_body(f"{field}: {message}", field)).encode()
+
+
+def shared_errors(send: Any) -> Any:
+    """An ASGI ``send`` that answers SGLang's own 4xx responses in the shared format (:func:`shared_error`)."""
+    held: dict | None = None
+    chunks: list[bytes] = []
+
+    async def send_shared(message: dict) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
+            held = message
+            return
+        if held is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = shared_error(b"".join(chunks))
+        headers = [(k, v) for k, v in held.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({**held, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return send_shared
 
 
 def install_guards(app: Any, config: SGLangServeConfig, model: ModelFacts | None = None) -> None:

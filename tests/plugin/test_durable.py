@@ -3,6 +3,7 @@ and compacts, other ranks restore the same state read only; ``--histospec-*`` ar
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -12,7 +13,12 @@ from sglang_histospec.drafting.history_scan import LOG_NAME, SNAPSHOT_NAME
 from sglang_histospec.plugin.durable import HISTORY_DIR_ENV, WorkerHistory, WorkerHistoryConfig
 from sglang_histospec.server.protocol import ModelLimits
 from sglang_histospec.server.schemas import FieldError, RequestLimits
-from sglang_histospec.server.sglang_limits import check_raw_generate, histospec_argv, split_histospec_args
+from sglang_histospec.server.sglang_limits import (
+    check_raw_generate,
+    histospec_argv,
+    shared_error,
+    split_histospec_args,
+)
 
 
 def _push(step: int) -> dict:
@@ -97,3 +103,20 @@ def test_auto_truncate_leaves_the_context_to_sglang() -> None:
     check_raw_generate(
         "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 600}}, LIMITS, MODEL, False
     )
+
+
+SGLANG_ERRORS = [
+    # SGLang's own 4xx body, the field of the shared one
+    ({"error": {"message": "top_p must be in (0, 1], got 2."}}, "sampling_params.top_p"),
+    ({"error": {"message": "input_ids cannot be empty."}}, "input_ids"),
+    ({"error": "invalid type: floating point `1e21`, expected i64"}, "body"),
+    ({"object": "error", "message": '1 validation error: stop\n\n  File "/x.py", line 1'}, "body"),
+    ({"error": {"message": "n: must be in [1, 4]", "field": "n"}}, "n"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), SGLANG_ERRORS)
+def test_sglang_errors_in_the_shared_format(body, field) -> None:
+    error = json.loads(shared_error(json.dumps(body).encode()))["error"]
+    assert error["field"] == field
+    assert error["message"].startswith(f"{field}: ") and "File" not in error["message"]
