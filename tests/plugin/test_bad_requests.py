@@ -11,6 +11,7 @@ import pytest
 from tests.helpers.bad_requests import (
     BAD_REQUESTS,
     SP,
+    VALID_GENERATE,
     VOCAB,
     check_json_without_content_type,
     check_refused,
@@ -72,6 +73,8 @@ def test_still_serves_after_bad_requests(backend) -> None:
         backend.url + "/v1/completions", json={"model": "m", "prompt": [1, 5], "max_tokens": 2}, timeout=120
     )
     assert r.status_code == 200, r.text
+    streamed = httpx.post(backend.url + "/generate", json={**VALID_GENERATE, "stream": True}, timeout=120)
+    assert streamed.status_code == 200 and streamed.text.startswith("data: "), streamed.text  # SGLang's own feature
 
 
 @pytest.mark.parametrize(
