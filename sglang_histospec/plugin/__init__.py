@@ -1,9 +1,11 @@
-"""The SGLang plugin: ``--speculative-algorithm HISTOSPEC`` in SGLang's own server, no fork, no monkeypatch.
+"""The SGLang plugin: ``--speculative-algorithm HISTOSPEC`` in SGLang's own server, no fork, no monkeypatch (one
+hook through SGLang's own hook registry: the vocabulary check of :mod:`~sglang_histospec.plugin.input_guard`).
 
 SGLang (tested with 0.5.23) runs every function of the entry-point group ``sglang.srt.plugins`` in each process;
 ours is :func:`register` (``histospec = "sglang_histospec.plugin:register"`` in pyproject.toml), which registers
-``HISTOSPEC`` (SGLang's NGRAM verify path, drafts from :mod:`~sglang_histospec.plugin.worker`) and imports SGLang
-lazily. ``histospec serve --backend sglang``: :mod:`sglang_histospec.server.sglang_backend`; docs/sglang.md.
+``HISTOSPEC`` (SGLang's NGRAM verify path, drafts from :mod:`~sglang_histospec.plugin.worker`) and the token-id
+check, and imports SGLang lazily. ``histospec serve --backend sglang``: :mod:`sglang_histospec.server.sglang_backend`;
+docs/sglang.md.
 
 Example::
 
@@ -24,8 +26,10 @@ def register() -> None:
     if _registered:
         return
     from sglang_histospec.plugin.algorithm import register_algorithm
+    from sglang_histospec.plugin.input_guard import register_input_guard
 
     register_algorithm()
+    register_input_guard()  # an id outside the vocabulary gets a 400 instead of crashing the scheduler
     _registered = True
 
 

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sglang_histospec.server.json_body import JsonRoute
 from sglang_histospec.server.protocol import BackendError
 from sglang_histospec.server.schemas import MODELS, FieldError
+from sglang_histospec.server.sglang_schemas import SGLANG_MODELS
 
 ADMIN_ROUTES = frozenset(
     {
@@ -38,7 +39,7 @@ ADMIN_ROUTES = frozenset(
     }
 )
 """Routes that change server state (history, weights, caches, other clients' requests)."""
-_FIELD_NAMES = frozenset(name for model in MODELS for name in model.model_fields)
+_FIELD_NAMES = frozenset(name for model in MODELS + SGLANG_MODELS for name in model.model_fields)
 
 
 class ApiError(Exception):
@@ -138,7 +139,7 @@ class ApiGuard:
             await self._too_large(scope, receive, send)
             return
         if body is not None:
-            await self.app(scope, replay_receive(body, receive), send)
+            await self.app(json_by_default(scope, body), replay_receive(body, receive), send)
 
     async def _too_large(self, scope: dict, receive: Any, send: Any) -> None:
         msg = f"body: request body exceeds {self.limit} bytes (--max-request-bytes); split it into smaller requests"
@@ -147,6 +148,15 @@ class ApiGuard:
     async def _reject(self, scope: dict, receive: Any, send: Any, status: int, msg: str, field: str | None) -> None:
         self.on_error(status)
         await JSONResponse(error_body(msg, field), status_code=status)(scope, receive, send)
+
+
+def json_by_default(scope: dict, body: bytes) -> dict:
+    """``scope`` with ``Content-Type: application/json`` added when a request has a body but no Content-Type (the
+    API takes only JSON bodies, so such a body is read as JSON, as ``curl --data-binary`` users expect)."""
+    headers = list(scope.get("headers") or [])
+    if not body or any(name.lower() == b"content-type" for name, _ in headers):
+        return scope
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
 async def read_body(receive: Any, limit: int | None = None) -> bytes | None:
@@ -193,8 +203,48 @@ def _field_path(loc: tuple, keep_last: bool) -> str:
     return out or "body"
 
 
-def describe_validation(exc: RequestValidationError) -> tuple[str, str]:
-    """(field, message) of the first problem of a pydantic body validation, unknown fields first."""
+_KINDS = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+    "bool_type": "a boolean",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "none_required": "null",
+}
+"""Pydantic's type errors, as the JSON kind they ask for."""
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _type_message(path: str, errors: list[dict]) -> str | None:
+    """``path: must be a number, got a string`` when every error at ``path`` is a type error (one per branch of a
+    union such as ``int | float``); None otherwise."""
+    kinds = [_KINDS.get(str(e.get("type"))) for e in errors]
+    if not kinds or None in kinds:
+        return None
+    wanted = list(dict.fromkeys(k for k in kinds if k is not None))
+    if "a number" in wanted and "an integer" in wanted:  # an int | float union: a JSON number
+        wanted.remove("an integer")
+    return f"{path}: must be {' or '.join(wanted)}, got {_json_kind(errors[0].get('input'))}"
+
+
+def describe_validation(exc: Any) -> tuple[str, str]:
+    """(field, message) of the first problem of a pydantic validation (a ``RequestValidationError`` or a
+    ``pydantic.ValidationError``), unknown fields first; a value of the wrong type says which kind it must be
+    (``entries[0].rewards[0]: must be a number, got a string``)."""
     errors = exc.errors()
     if not errors:
         return "body", "body: invalid request"
@@ -209,7 +259,8 @@ def describe_validation(exc: RequestValidationError) -> tuple[str, str]:
     if err.get("type") == "missing" and tuple(err.get("loc", ())) == ("body",):
         return "body", "body: a JSON object is required"
     path = _field_path(tuple(err["loc"]), keep_last=False)
-    return path, f"{path}: {err.get('msg', 'invalid value')}"
+    same = [e for e in errors if _field_path(tuple(e["loc"]), keep_last=False) == path]
+    return path, _type_message(path, same) or f"{path}: {err.get('msg', 'invalid value')}"
 
 
 _HTTP_FIELDS = {401: "Authorization", 404: "path", 405: "method", 413: "body", 415: "Content-Type"}

@@ -3,7 +3,7 @@
 Pydantic checks types (strictly: ``"5"`` is not a token id) and unknown fields. A /generate body is converted once,
 at the boundary, into ``engine.types.GenerateRequest`` (``to_generate_requests``) and validated once on the way:
 ``check_generate_body`` (no model needed: shapes, client limits, sampling values) and ``check_generate_for_model``
-(vocabulary, context length). ``to_history_entries`` checks a history push. Each raises ``FieldError`` naming the
+(vocabulary, context length); the SGLang backend applies them too (``sglang_schemas.py``). ``to_history_entries`` checks a history push. Each raises ``FieldError`` naming the
 field, e.g. ``input_ids[1][3]: token id 70000 is outside the vocabulary [0, 32000)``.
 
 Example::
@@ -267,7 +267,7 @@ def step_to_generate_body(body: StepBody, limits: RequestLimits) -> GenerateBody
     base = sp.model_dump(exclude_unset=True)
     params, ids = [], []
     for i, p in enumerate(body.prompts):
-        _check_id(str(p.prompt_id), f"prompts[{i}].prompt_id", limits)
+        check_id(str(p.prompt_id), f"prompts[{i}].prompt_id", limits)
         if not p.input_ids:
             raise FieldError(f"prompts[{i}].input_ids", "empty prompt")
         custom = {**(base.get("custom_params") or {}), "prompt_id": str(p.prompt_id)}
@@ -317,7 +317,7 @@ def _per_item(value: Any, n: int, name: str) -> list[Any]:
     return [value] * n
 
 
-def _check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
+def check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
     """Every id in [0, vocab_size); the error names the first bad position (``where[j]``)."""
     if not ids or (min(ids) >= 0 and max(ids) < limits.vocab_size):
         return
@@ -325,17 +325,23 @@ def _check_tokens(ids: list[int], limits: ModelLimits, where: str) -> None:
     raise FieldError(f"{where}[{j}]", f"token id {ids[j]} is outside the vocabulary [0, {limits.vocab_size})")
 
 
-def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits) -> None:
-    """The checks of one item's ``sampling_params`` that need no model (``where``: its JSON path)."""
+def _check_sampling(sp: SamplingParamsBody, where: str, limits: RequestLimits, sglang_features: bool) -> None:
+    """The checks of one item's ``sampling_params`` that need no model (``where``: its JSON path).
+    ``sglang_features``: the backend is SGLang, which serves stop strings, penalties and grammars itself."""
     if sp.n < 1 or sp.n > limits.max_n:
         raise FieldError(f"{where}.n", f"must be in [1, {limits.max_n}] (max_n), got {sp.n}")
     if sp.custom_params is not None and sp.custom_params.prompt_id is not None:
-        _check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
-    for name, neutral in _NEUTRAL.items():
-        if getattr(sp, name) != neutral:
-            raise FieldError(f"{where}.{name}", f"not supported by this server (only {neutral!r})")
-    if sp.stop:
-        raise FieldError(f"{where}.stop", "stop strings are not supported; use stop_token_ids")
+        check_id(str(sp.custom_params.prompt_id), f"{where}.custom_params.prompt_id", limits)
+    if not sglang_features:
+        for name, neutral in _NEUTRAL.items():
+            if getattr(sp, name) != neutral:
+                raise FieldError(f"{where}.{name}", f"not supported by this server (only {neutral!r})")
+        if sp.stop:
+            raise FieldError(f"{where}.stop", "stop strings are not supported; use stop_token_ids")
+    elif sp.seed is not None:
+        raise FieldError(f"{where}.seed", "SGLang's sampling field is sampling_seed; send sampling_seed instead")
+    elif sp.top_k == 0:
+        raise FieldError(f"{where}.top_k", "must be -1 (off) or >= 1 on SGLang, got 0")
     if not sp.temperature >= 0 or sp.temperature == float("inf"):
         raise FieldError(f"{where}.temperature", f"must be a finite number >= 0, got {sp.temperature}")
     if not 0 < sp.top_p <= 1:
@@ -396,7 +402,7 @@ def is_batch(body: GenerateBody) -> bool:
     return bool(body.input_ids) and isinstance(body.input_ids[0], list)
 
 
-def _check_id(value: str, where: str, limits: RequestLimits) -> None:
+def check_id(value: str, where: str, limits: RequestLimits) -> None:
     if not value:
         raise FieldError(where, "must not be empty")
     if len(value) > limits.max_id_chars:
@@ -427,19 +433,21 @@ def num_prompts(body: GenerateBody) -> int:
     return len(body.input_ids) if is_batch(body) else 1
 
 
-def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
+def check_generate_body(body: GenerateBody, limits: RequestLimits, sglang_features: bool = False) -> int:
     """Every check of a /generate body that needs no model (shape, client limits, ids, sampling values); returns
     the number of samples it asks for (prompts x n). Cheap: it runs before tokenizing. Shared by the server
-    (inside :func:`to_generate_requests`) and the router.
+    (inside :func:`to_generate_requests`), the SGLang backend (``sglang_schemas.check_sglang_generate``, with
+    ``sglang_features``: SGLang's own features such as streaming, stop strings or logprob options are SGLang's to
+    check) and the router.
 
     Example: ``check_generate_body(GenerateBody(input_ids=[[1], [2]], sampling_params={"n": 3}), RequestLimits())``
     returns 6.
     """
     if (body.text is None) == (body.input_ids is None):
         raise FieldError("input_ids", "send exactly one of `text` and `input_ids`")
-    if body.stream:
+    if body.stream and not sglang_features:
         raise FieldError("stream", "streaming is not supported; send stream=false")
-    if body.return_hidden_states:
+    if body.return_hidden_states and not sglang_features:
         raise FieldError("return_hidden_states", "not supported")
     n = num_prompts(body)
     _check_prompts(body, n, limits)
@@ -449,15 +457,17 @@ def check_generate_body(body: GenerateBody, limits: RequestLimits) -> int:
     if len(set(named)) != len(named):
         raise FieldError("rid", "request ids in one batch must be distinct")
     for r in named:
-        _check_id(r, "rid", limits)
-    if any(v != -1 for v in _per_item(body.logprob_start_len, n, "logprob_start_len")):
+        check_id(r, "rid", limits)
+    logprob_start = _per_item(body.logprob_start_len, n, "logprob_start_len")
+    top_logprobs = _per_item(body.top_logprobs_num, n, "top_logprobs_num")
+    if any(v != -1 for v in logprob_start) and not sglang_features:
         raise FieldError("logprob_start_len", "input-token logprobs are not supported; leave it at -1")
-    if any(v != 0 for v in _per_item(body.top_logprobs_num, n, "top_logprobs_num")):
+    if any(v != 0 for v in top_logprobs) and not sglang_features:
         raise FieldError("top_logprobs_num", "top logprobs are not supported; leave it at 0")
     sps = [sp or SamplingParamsBody() for sp in _per_item(body.sampling_params, n, "sampling_params")]
     for i, sp in enumerate(sps):
         where = _sampling_where(body, i)
-        _check_sampling(sp, where, limits)
+        _check_sampling(sp, where, limits, sglang_features)
         if sp.n != sps[0].n:
             raise FieldError(f"{where}.n", "must be the same for every prompt of a batch")
     if n * sps[0].n > limits.max_samples:
@@ -496,9 +506,12 @@ def _sampling_where(body: GenerateBody, i: int) -> str:
     return f"sampling_params[{i}]" if isinstance(body.sampling_params, list) else "sampling_params"
 
 
-def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: list[list[int]] | None = None) -> None:
+def check_generate_for_model(
+    body: GenerateBody, limits: ModelLimits, prompts: list[list[int]] | None = None, check_context: bool = True
+) -> None:
     """The checks of a /generate body that need the model, after :func:`check_generate_body`: every prompt and stop
-    token id within the vocabulary, every prompt plus its ``max_new_tokens`` within the context length.
+    token id within the vocabulary, every prompt plus its ``max_new_tokens`` within the context length (unless
+    ``check_context`` is False: SGLang with ``--allow-auto-truncate`` cuts them instead).
     ``prompts``: the token ids of each prompt (a ``text`` body's, tokenized); None = the body's ``input_ids``.
 
     Example: with ``ModelLimits(vocab_size=100, context_len=64)``, ``{"input_ids": [1, 100]}`` raises
@@ -511,10 +524,13 @@ def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: l
         where = f"{field_name}[{i}]" if batch else field_name
         if len(ids) == 0:
             raise FieldError(where, "empty prompt")
-        _check_tokens(ids, limits, where)
+        check_tokens(ids, limits, where)
+        sp, sp_where = sps[i] or SamplingParamsBody(), _sampling_where(body, i)
+        check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
+        if not check_context:
+            continue
         if len(ids) >= limits.context_len:
             raise FieldError(where, f"prompt has {len(ids)} tokens; the context length is {limits.context_len}")
-        sp, sp_where = sps[i] or SamplingParamsBody(), _sampling_where(body, i)
         max_new = _max_new_tokens(sp, limits, len(ids))
         if len(ids) + max_new > limits.context_len:
             raise FieldError(
@@ -522,7 +538,6 @@ def check_generate_for_model(body: GenerateBody, limits: ModelLimits, prompts: l
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new}) exceeds the context length "
                 f"{limits.context_len}",
             )
-        _check_tokens(list(sp.stop_token_ids or []), limits, f"{sp_where}.stop_token_ids")
 
 
 def _input_ids(body: GenerateBody) -> list[list[int]]:
@@ -595,7 +610,7 @@ def to_history_entries(
     for i, e in enumerate(body.entries):
         where = f"entries[{i}]"
         pid = str(e.prompt_id)
-        _check_id(pid, f"{where}.prompt_id", request_limits)
+        check_id(pid, f"{where}.prompt_id", request_limits)
         if len(e.responses) > request_limits.max_responses_per_entry:
             raise FieldError(
                 f"{where}.responses",
@@ -604,7 +619,7 @@ def to_history_entries(
             )
         for r, resp in enumerate(e.responses):
             if limits is not None:
-                _check_tokens(resp, limits, f"{where}.responses[{r}]")
+                check_tokens(resp, limits, f"{where}.responses[{r}]")
             elif resp and min(resp) < 0:
                 raise FieldError(f"{where}.responses[{r}]", "token ids must be >= 0")
         if e.rewards is not None and len(e.rewards) != len(e.responses):
@@ -614,7 +629,7 @@ def to_history_entries(
             raise FieldError(f"{where}.rewards", "must be finite numbers")
         if e.prompt_tokens is not None:
             if limits is not None:
-                _check_tokens(e.prompt_tokens, limits, f"{where}.prompt_tokens")
+                check_tokens(e.prompt_tokens, limits, f"{where}.prompt_tokens")
             elif e.prompt_tokens and min(e.prompt_tokens) < 0:
                 raise FieldError(f"{where}.prompt_tokens", "token ids must be >= 0")
         out.append(

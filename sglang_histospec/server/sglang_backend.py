@@ -142,6 +142,20 @@ def _tokenizer_manager() -> Any:
     return get_global_state().tokenizer_manager
 
 
+def model_facts() -> tuple[ModelLimits, bool] | None:
+    """The served model's limits and whether SGLang enforces its context length (not with
+    ``--allow-auto-truncate``); None until SGLang's tokenizer manager exists."""
+    try:
+        tm = _tokenizer_manager()
+    except (ImportError, AttributeError):
+        return None
+    if tm is None or getattr(tm, "model_config", None) is None:
+        return None
+    vocab = int(getattr(tm.model_config, "vocab_size", MAX_TOKEN_ID - 1))
+    truncate = bool(getattr(tm, "allow_auto_truncate", False))
+    return ModelLimits(vocab_size=vocab, context_len=int(tm.context_len)), not truncate
+
+
 def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None, config: SGLangServeConfig) -> None:
     """Add the history routes (``server/history_routes.py``) and our client limits (``server/sglang_limits.py``)
     to SGLang's FastAPI ``app``."""
@@ -152,7 +166,7 @@ def add_routes(app, bridge: SchedulerBridge, admin_api_key: str | None, config: 
         SGLangBackend(bridge), HistoryCounters(), config.limits, foreign_host=True, admin_api_key=admin_api_key
     )
     app.include_router(router)
-    install_guards(app, config)
+    install_guards(app, config, model_facts)
 
 
 def _sglang_argv(args: argparse.Namespace) -> list[str]:
@@ -233,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_histospec.plugin import register
 
     register()  # also when the entry point's metadata is missing (a source checkout on PYTHONPATH)
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.apply_hooks()  # the hooks register() added after load_plugins applied them (none otherwise)
 
     from sglang.srt.entrypoints import http_server
     from sglang.srt.entrypoints.engine import init_tokenizer_manager

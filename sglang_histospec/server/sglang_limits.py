@@ -4,8 +4,9 @@ torch import.
 ``--histospec-*`` arguments (:func:`split_histospec_args`) are taken out of SGLang's argument list:
 ``--histospec-history-dir DIR`` (the workers' write-ahead log and snapshots, ``plugin/durable.py``),
 ``--histospec-max-request-bytes N`` and one ``--histospec-<limit>`` per ``RequestLimits`` field. On SGLang's app,
-:func:`install_guards` adds the body-size limit (413) to every route and the client limits of ``/generate``
-(:func:`check_raw_generate`, 400 in the shared error format); the history routes apply ``RequestLimits`` as ours do.
+:func:`install_guards` adds the body-size limit (413) to every route and the torch backend's checks to ``/generate``
+and the OpenAI generation routes (:func:`check_raw_generate`: vocabulary, shapes, seeds, prompt ids, sampling
+values and client limits; 400 in the shared error format); the history routes apply ``RequestLimits`` as ours do.
 Example::
 
     config, sglang_argv = split_histospec_args(["--model-path", "m", "--histospec-max-text-chars", "100"])
@@ -17,14 +18,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
-from sglang_histospec.server.http_api import ApiGuard, error_body, read_body, replay_receive
+from sglang_histospec.server.http_api import ApiGuard, describe_validation, error_body, read_body, replay_receive
 from sglang_histospec.server.json_body import is_json_type
-from sglang_histospec.server.schemas import FieldError, RequestLimits
+from sglang_histospec.server.protocol import ModelLimits
+from sglang_histospec.server.schemas import FieldError, GenerateBody, RequestLimits, SamplingParamsBody
+from sglang_histospec.server.sglang_schemas import check_completion, check_sglang_generate
 
 PREFIX = "--histospec-"
 
@@ -74,77 +80,137 @@ def histospec_argv(config: SGLangServeConfig) -> list[str]:
     return out
 
 
-def _as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [] if value is None else [value]
+GENERATE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+"""SGLang's generation routes whose bodies :class:`GenerateGuard` checks."""
+
+ModelFacts = Callable[[], tuple[ModelLimits, bool] | None]
+"""The served model's limits and whether the context length is enforced (False under SGLang's
+``--allow-auto-truncate``); None while SGLang is still starting."""
 
 
-def check_raw_generate(raw: Any, limits: RequestLimits) -> None:
-    """The client limits of a ``/generate`` body as SGLang receives it (a dict; SGLang checks its own shapes).
-    FieldError names the field and the limit, worded as our server words it.
+def check_raw_generate(
+    path: str, raw: Any, limits: RequestLimits, model: ModelLimits | None = None, check_context: bool = True
+) -> None:
+    """The torch backend's checks of a generation body (``path``: one of ``GENERATE_PATHS``) as SGLang receives it:
+    FieldError or ``pydantic.ValidationError`` naming the field, worded as our server words it
+    (``sglang_schemas.check_sglang_generate``, ``sglang_schemas.check_completion``).
 
-    Example: ``check_raw_generate({"text": "x" * 11}, RequestLimits(max_text_chars=10))`` raises
+    Example: ``check_raw_generate("/generate", {"text": "x" * 11}, RequestLimits(max_text_chars=10))`` raises
     ``FieldError("text", "has 11 characters; the limit is 10 (max_text_chars)")``.
     """
-    if not isinstance(raw, dict):
-        return
-    text, ids = raw.get("text"), raw.get("input_ids")
-    name = "text" if text is not None else "input_ids"
-    batch = isinstance(text, list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
-    n = len(text if text is not None else ids) if batch else 1
-    if n > limits.max_prompts:
-        raise FieldError(name, f"has {n} prompts; the limit is {limits.max_prompts} (max_prompts)")
-    chars = sum(len(t) for t in _as_list(text) if isinstance(t, str))
-    if chars > limits.max_text_chars:
-        raise FieldError("text", f"has {chars} characters; the limit is {limits.max_text_chars} (max_text_chars)")
-    params = [p for p in _as_list(raw.get("sampling_params")) if isinstance(p, dict)]
-    samples = [p.get("n", 1) for p in params]
-    for i, k in enumerate(samples):
-        if not isinstance(k, int) or not 1 <= k <= limits.max_n:
-            raise FieldError(f"sampling_params[{i}].n", f"must be in [1, {limits.max_n}] (max_n), got {k!r}")
-    if n * max(samples, default=1) > limits.max_samples:
-        raise FieldError("sampling_params.n", f"asks for more than {limits.max_samples} samples (max_samples)")
-    ids_given = [("rid", r) for r in _as_list(raw.get("rid"))]
-    ids_given += [("custom_params.prompt_id", (p.get("custom_params") or {}).get("prompt_id")) for p in params]
-    for where, value in ids_given:
-        if isinstance(value, str) and len(value) > limits.max_id_chars:
-            raise FieldError(where, f"has {len(value)} characters; the limit is {limits.max_id_chars} (max_id_chars)")
+    if path == "/generate":
+        check_sglang_generate(raw, limits, model, check_context)
+    else:
+        check_completion(raw, limits, model)
 
 
-class GenerateLimitsGuard:
-    """ASGI middleware on SGLang's app: ``POST /generate`` bodies over the client limits get 400 (shared format)."""
+class GenerateGuard:
+    """ASGI middleware on SGLang's app: a bad body of a generation route (``GENERATE_PATHS``) gets a 400 in the
+    shared error format before SGLang's tokenizer manager or scheduler sees it (an id outside the vocabulary would
+    crash SGLang's scheduler, docs/reliability.md); the 4xx answers SGLang gives itself are rewritten into the same
+    format (:func:`shared_errors`)."""
 
-    def __init__(self, app: Any, limits: RequestLimits) -> None:
-        self.app, self.limits = app, limits
+    def __init__(self, app: Any, limits: RequestLimits, model: ModelFacts | None = None) -> None:
+        self.app, self.limits, self.model = app, limits, model
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path", "").rstrip("/") != "/generate":
+        path = scope.get("path", "").rstrip("/")
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT") or path not in GENERATE_PATHS:
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)
         if body is None:
             return  # client went away
-        problem = self._problem(scope, body)
+        problem = self._problem(scope, path, body)
         if problem is not None:
-            await JSONResponse(error_body(str(problem), problem.field), status_code=400)(scope, receive, send)
+            field, message = problem
+            await JSONResponse(error_body(message, field), status_code=400)(scope, receive, send)
             return
-        await self.app(scope, replay_receive(body, receive), send)
+        await self.app(scope, replay_receive(body, receive), shared_errors(send))
 
-    def _problem(self, scope: dict, body: bytes) -> FieldError | None:
+    def _problem(self, scope: dict, path: str, body: bytes) -> tuple[str, str] | None:
+        """(field, message) of what is wrong with ``body``; None: SGLang gets it."""
         content_type = dict(scope.get("headers") or []).get(b"content-type", b"").decode("latin-1")
         if content_type and not is_json_type(content_type):
             return None  # SGLang answers bodies that are not JSON itself
         try:
-            check_raw_generate(json.loads(body), self.limits)
-        except FieldError as exc:
-            return exc
+            raw = json.loads(body)
         except ValueError:
-            return None
+            return "body", "body: malformed JSON; send one JSON object"
+        facts = None if self.model is None else self.model()
+        model, check_context = (None, True) if facts is None else facts
+        try:
+            check_raw_generate(path, raw, self.limits, model, check_context)
+        except FieldError as exc:
+            return exc.field, str(exc)
+        except ValidationError as exc:
+            return describe_validation(exc)
         return None
 
 
-def install_guards(app: Any, config: SGLangServeConfig) -> None:
-    """Add the body-size limit (every route) and the ``/generate`` client limits to SGLang's FastAPI ``app``."""
-    app.add_middleware(GenerateLimitsGuard, limits=config.limits)
+_SAMPLING_FIELDS = frozenset(SamplingParamsBody.model_fields)
+_BODY_FIELDS = frozenset(GenerateBody.model_fields) | {"prompt", "messages", "max_tokens", "max_completion_tokens"}
+
+
+def shared_error(body: bytes) -> bytes:
+    """One of SGLang's own 4xx bodies (``{"error": {"message"}}``, ``{"error": "..."}``, ``{"object": "error",
+    "message"}``) in the shared format; the field is the one the message starts with (``top_p must be in (0, 1]``
+    -> ``sampling_params.top_p``), else ``body``. A body already in the shared format is kept.
+
+    Example: ``shared_error(b'{"error": {"message": "top_p must be in (0, 1], got 2."}}')`` is
+    ``{"error": {"message": "sampling_params.top_p: top_p must be in (0, 1], got 2.", "field": "sampling_params.top_p"}}``.
+    """
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raw = None
+    error = raw.get("error") if isinstance(raw, dict) else None
+    if isinstance(error, dict) and "field" in error:
+        return body
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        message = error["message"]
+    elif isinstance(error, str):
+        message = error
+    elif isinstance(raw, dict) and isinstance(raw.get("message"), str):
+        message = raw["message"]
+    else:
+        message = body.decode("utf-8", "replace") or "invalid request"
+    message = message.split("\n\n  File ", 1)[0].strip()  # SGLang appends a traceback to some messages
+    word = re.match(r"[A-Za-z_]+", message)
+    name = word.group(0) if word else ""
+    field = f"sampling_params.{name}" if name in _SAMPLING_FIELDS else name if name in _BODY_FIELDS else "body"
+    return json.dumps(error_body(f"{field}: {message}", field)).encode()
+
+
+def shared_errors(send: Any) -> Any:
+    """An ASGI ``send`` that answers SGLang's own 4xx responses in the shared format (:func:`shared_error`)."""
+    held: dict | None = None
+    chunks: list[bytes] = []
+
+    async def send_shared(message: dict) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and 400 <= message["status"] < 500:
+            held = message
+            return
+        if held is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = shared_error(b"".join(chunks))
+        headers = [(k, v) for k, v in held.get("headers", []) if k.lower() not in (b"content-length", b"content-type")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({**held, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return send_shared
+
+
+def install_guards(app: Any, config: SGLangServeConfig, model: ModelFacts | None = None) -> None:
+    """Add the body-size limit (every route) and the checks of the generation routes (:class:`GenerateGuard`, with
+    the served model's facts from ``model``) to SGLang's FastAPI ``app``."""
+    app.add_middleware(GenerateGuard, limits=config.limits, model=model)
     app.add_middleware(ApiGuard, admin_api_key=None, max_request_bytes=config.max_request_bytes, on_error=_no_count)
 
 

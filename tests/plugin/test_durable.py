@@ -1,8 +1,9 @@
 """The SGLang worker's durable history and our limits on SGLang's app, without SGLang (issue 44): TP rank 0 logs
-and compacts, other ranks restore the same state read only; ``--histospec-*`` arguments and raw /generate limits."""
+and compacts, other ranks restore the same state read only; ``--histospec-*`` arguments and raw /generate checks."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -10,8 +11,14 @@ import pytest
 from sglang_histospec.drafting.drafter import DrafterConfig
 from sglang_histospec.drafting.history_scan import LOG_NAME, SNAPSHOT_NAME
 from sglang_histospec.plugin.durable import HISTORY_DIR_ENV, WorkerHistory, WorkerHistoryConfig
+from sglang_histospec.server.protocol import ModelLimits
 from sglang_histospec.server.schemas import FieldError, RequestLimits
-from sglang_histospec.server.sglang_limits import check_raw_generate, histospec_argv, split_histospec_args
+from sglang_histospec.server.sglang_limits import (
+    check_raw_generate,
+    histospec_argv,
+    shared_error,
+    split_histospec_args,
+)
 
 
 def _push(step: int) -> dict:
@@ -67,19 +74,49 @@ RAW = [
     ({"text": ["abcde", "abcdef"]}, "text"),
     ({"input_ids": [[1], [2], [3], [4]]}, "input_ids"),
     ({"input_ids": [1, 2, 3, 4, 5]}, None),
-    ({"input_ids": [1], "sampling_params": {"n": 5}}, "sampling_params[0].n"),
+    ({"input_ids": [1], "sampling_params": {"n": 5}}, "sampling_params.n"),
     ({"input_ids": [[1], [2], [3]], "sampling_params": {"n": 3}}, "sampling_params.n"),
     ({"input_ids": [1], "rid": "longer-than-5"}, "rid"),
-    ({"input_ids": [1], "sampling_params": {"custom_params": {"prompt_id": "p" * 6}}}, "custom_params.prompt_id"),
+    ({"input_ids": [1], "sampling_params": {"custom_params": {"prompt_id": "p" * 6}}}, "sampling_params.custom_params.prompt_id"),
+    ({"input_ids": [1], "sampling_params": {"stop": ["x"], "min_p": 0.1}, "stream": True, "lora_path": "a"}, None),
+    ({"input_ids": [1], "sampling_params": {"seed": 3}}, "sampling_params.seed"),
+    ({"input_ids": [1, 64]}, "input_ids[1]"),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 600}}, "sampling_params.max_new_tokens"),
+    ({"text": "hi", "sampling_params": [{"max_new_tokens": 512}]}, "sampling_params[0].max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": 511}}, None),
     ([1, 2], None),
-]
+]  # fmt: skip
+MODEL = ModelLimits(vocab_size=64, context_len=512)
 
 
 @pytest.mark.parametrize(("body", "field"), RAW)
 def test_raw_generate_limits(body, field) -> None:
     if field is None:
-        check_raw_generate(body, LIMITS)
+        check_raw_generate("/generate", body, LIMITS, MODEL)
         return
     with pytest.raises(FieldError) as info:
-        check_raw_generate(body, LIMITS)
+        check_raw_generate("/generate", body, LIMITS, MODEL)
     assert info.value.field == field
+
+
+def test_auto_truncate_leaves_the_context_to_sglang() -> None:
+    check_raw_generate(
+        "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 600}}, LIMITS, MODEL, False
+    )
+
+
+SGLANG_ERRORS = [
+    # SGLang's own 4xx body, the field of the shared one
+    ({"error": {"message": "top_p must be in (0, 1], got 2."}}, "sampling_params.top_p"),
+    ({"error": {"message": "input_ids cannot be empty."}}, "input_ids"),
+    ({"error": "invalid type: floating point `1e21`, expected i64"}, "body"),
+    ({"object": "error", "message": '1 validation error: stop\n\n  File "/x.py", line 1'}, "body"),
+    ({"error": {"message": "n: must be in [1, 4]", "field": "n"}}, "n"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), SGLANG_ERRORS)
+def test_sglang_errors_in_the_shared_format(body, field) -> None:
+    error = json.loads(shared_error(json.dumps(body).encode()))["error"]
+    assert error["field"] == field
+    assert error["message"].startswith(f"{field}: ") and "File" not in error["message"]
