@@ -47,6 +47,8 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
       ``drafting/prompt_ids.py``) goes with its requests;
     - history: after the rewards of a generation are known, its responses and rewards are gathered across ranks and
       pushed per prompt id to every server (``/histospec/history``, step = the weights' global step);
+    - trace: with ``trace_path`` the same rollouts, with rewards and logprobs, are appended to a trace file, one
+      append per generation (``trl_integration/trace.py``; what a crash leaves: ``trace/append.py``);
     - metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``,
       ``histospec/accepted_tokens`` (this generation, all ranks) and ``histospec/history_tokens``,
       ``histospec/history_prompts`` (server, main process).
