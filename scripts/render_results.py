@@ -298,15 +298,23 @@ def render_engine(doc: Path) -> str:
                 " / ".join(ratio(s, ENGINE_FLOOR) for s in speed),
                 taus,
                 f"{min(plain):.0f}-{max(plain):.0f}",
+                aa_range(run),
                 f"{run['mean_token_entropy']:.2f}",
             ]
         )
-    head = ["run", "batch", "speedup per epoch (0 / 1 / 2)", "tau per epoch", "plain tokens/s", "entropy (nats)"]
+    head = ["run", "batch", "speedup per epoch (0 / 1 / 2)", "tau per epoch", "plain tokens/s", "plain A/A"]
+    head += ["entropy (nats)"]
     cmd = (
         "histospec bench engine --model POLICY --task arith --batch 4 --epochs 3 --num-prompts 4 --group-size 4 "
-        "--max-new-tokens 96 --threads 1 --no-hf --json"
+        f"--max-new-tokens 96 --threads 1 --no-hf --json`; tiny: `{TINY_ENGINE} --num-prompts 16"
     )
     return table(head, rows) + "\n" + source(files, doc, cmd)
+
+
+def aa_range(run: dict) -> str:
+    """A second plain engine's tokens/s over the first's, lowest-highest epoch (``--aa``: the timing noise)."""
+    lo, hi = run.get("plain_aa_ratio_min"), run.get("plain_aa_ratio_max")
+    return "–" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}"
 
 
 def render_engine_targets(doc: Path) -> str:
