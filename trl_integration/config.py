@@ -45,6 +45,14 @@ class HistoSpecGRPOConfig(GRPOConfig):
             "/histospec/history on every server (main process, gathered across ranks)."
         },
     )
+    trace_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Write every training generation here in the trace format (.jsonl or .jsonl.gz: "
+            "`histospec replay` reads it), one append per step with rewards and logprobs, flushed and fsynced "
+            "(main process). An existing file keeps its steps below the run's first step (a resumed run)."
+        },
+    )
     request_timeout: float = field(
         default=600.0, metadata={"help": "Seconds an HTTP call to a rollout server may take (a whole /generate)."}
     )
@@ -93,6 +101,8 @@ class HistoSpecGRPOConfig(GRPOConfig):
             raise ValueError(f"weight_sync={self.weight_sync!r}; use one of {WEIGHT_SYNC_MODES}")
         if self.request_timeout <= 0 or self.server_ready_timeout <= 0:
             raise ValueError("request_timeout and server_ready_timeout must be positive seconds")
+        if self.trace_path is not None and (not self.trace_path or os.path.isdir(self.trace_path)):
+            raise ValueError(f"trace_path={self.trace_path!r}: give a file path, e.g. 'out/trace.jsonl.gz'")
         if self.rollout_admin_api_key is None:
             self.rollout_admin_api_key = os.environ.get("HISTOSPEC_ADMIN_API_KEY") or None
         if self.weight_sync_dir is None:

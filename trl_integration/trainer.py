@@ -24,6 +24,7 @@ from trl_integration.config import HistoSpecGRPOConfig
 from trl_integration.generation import GenerationRecord, HistoSpecGeneration, sampling_from_trainer
 from trl_integration.prompt_ids import resolve_prompt_ids
 from trl_integration.servers import RolloutServers
+from trl_integration.trace import RolloutTrace
 from trl_integration.trl_internals import RewardHook, adopt_generation_slot, log_metric, synced_step, tokenizer_of
 from trl_integration.weight_sync import DiskWeightSync, DistributedSyncConfig, DistributedWeightSync
 
@@ -46,6 +47,8 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
       ``drafting/prompt_ids.py``) goes with its requests;
     - history: after the rewards of a generation are known, its responses and rewards are gathered across ranks and
       pushed per prompt id to every server (``/histospec/history``, step = the weights' global step);
+    - trace: with ``trace_path`` the same rollouts, with rewards and logprobs, are appended to a trace file, one
+      append per generation (``trl_integration/trace.py``; what a crash leaves: ``trace/append.py``);
     - metrics: ``histospec/tau``, ``histospec/accept_rate``, ``histospec/drafted_tokens``,
       ``histospec/accepted_tokens`` (this generation, all ranks) and ``histospec/history_tokens``,
       ``histospec/history_prompts`` (server, main process).
@@ -96,6 +99,7 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
             prompt_ids_fn=lambda: self._histospec_row_ids,
         )
         adopt_generation_slot(self, self.histospec)
+        self._trace = RolloutTrace(args.trace_path) if args.trace_path and main else None
 
     # ---- transformers' public override points -------------------------------------------------------------
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
@@ -130,15 +134,16 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
         self.recent_generations.extend(records)
         if records:  # no generation this step (buffered inputs), or a rollout_func of the user's generated instead
             self._log_speculation(records, mode)
-            if mode == "train" and args.push_history and self._histospec_rewards is not None:
-                self._push_history(records[0])
+            if mode == "train" and self._histospec_rewards is not None and (args.push_history or args.trace_path):
+                self._record_generation(records[0])
 
-    # ---- history and metrics -----------------------------------------------------------------------------
-    def _push_history(self, record: GenerationRecord) -> None:
-        """Gather (prompt id, prompt, response) over ranks; the main process pushes them with their rewards."""
+    # ---- history, trace and metrics ----------------------------------------------------------------------
+    def _record_generation(self, record: GenerationRecord) -> None:
+        """Gather (prompt id, prompt, response, logprobs) over ranks; the main process pushes them with their
+        rewards (``push_history``) and appends them to the trace (``trace_path``)."""
         assert self._histospec_rewards is not None
         local = [
-            (pid, prompt, c.completion_ids)
+            (pid, prompt, c.completion_ids, c.logprobs)
             for pid, prompt, c in zip(record.prompt_ids, record.prompt_token_ids, record.completions)
         ]
         gathered = gather_object(local)
@@ -148,6 +153,14 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
             return
         if len(per_sample) != len(gathered):  # tool loops or uneven batches: push without rewards
             per_sample = [math.nan] * len(gathered)
+        step = max(synced_step(self), 0)
+        if self._trace is not None:
+            self._trace.append(step, int(self.state.epoch or 0), gathered, per_sample)
+        if self.args.push_history:
+            self._push_history(step, [g[:3] for g in gathered], per_sample)
+
+    def _push_history(self, step: int, gathered: list[tuple[Any, ...]], per_sample: list[float]) -> None:
+        """Push (prompt id, prompt, response) of every sample with its reward to every server (main process)."""
         entries: dict[str, dict[str, Any]] = {}
         for (pid, prompt, response), reward in zip(gathered, per_sample):
             if pid is None or not response:
@@ -160,7 +173,6 @@ class HistoSpecGRPOTrainer(RewardHook, GRPOTrainer):
         for entry in entries.values():
             if any(not math.isfinite(r) for r in entry["rewards"]):
                 entry["rewards"] = None
-        step = max(synced_step(self), 0)
         pushed = self.servers.push_history(step, list(entries.values()))
         self.history_pushes.append((step, pushed))
         totals: dict[str, float] = defaultdict(float)

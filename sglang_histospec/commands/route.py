@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "back with the next step ('carried') or POST /histopipe/drain",
     )
     parser.add_argument(
+        "--trace-path",
+        default=None,
+        help="append every answer to this trace (.jsonl or .jsonl.gz), one write per call, for `histospec replay`",
+    )
+    parser.add_argument(
         "--max-deferrals",
         type=int,
         default=1,
@@ -76,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
             limits=limits_from_args(args),
             max_request_bytes=args.max_request_bytes,
             overlap=args.overlap,
+            trace_path=args.trace_path,
             planner=PlannerConfig(
                 policy=args.policy,
                 max_deferrals=args.max_deferrals,

@@ -7,6 +7,7 @@ ValueError naming the fix.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,9 @@ class RouterConfig:
     """The same client limits as a server's (checked before anything is forwarded)."""
     max_request_bytes: int = 64 * 2**20
     """Larger request bodies get HTTP 413."""
+    trace_path: str | None = None
+    """Append every answer to this trace (``.jsonl`` or ``.jsonl.gz``; ``router/trace_log.py``), one write per call,
+    for ``histospec replay``; an existing file keeps its steps below the first step appended."""
     replay_steps: int = REPLAY_STEPS
     """History pushes of this many newest steps (current and previous) are kept and replayed to a backend that
     comes back or is added, before requests are routed to it (``router/recovery.py``)."""
@@ -92,6 +96,10 @@ class RouterConfig:
         if self.max_attempts < 1:
             raise ValueError(f"RouterConfig.max_attempts={self.max_attempts!r}: must be >= 1")
         check_admin_key(self.admin_api_key)
+        if self.trace_path is not None and (not self.trace_path or os.path.isdir(self.trace_path)):
+            raise ValueError(
+                f"RouterConfig.trace_path={self.trace_path!r}: give a file path, e.g. 'rollouts.jsonl.gz'"
+            )
         if not self.outlier_check_s > 0:
             raise ValueError(f"RouterConfig.outlier_check_s={self.outlier_check_s!r}: must be > 0 seconds")
         if not (isinstance(self.max_inflight, int) and self.max_inflight >= 1):

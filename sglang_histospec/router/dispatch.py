@@ -17,6 +17,7 @@ from sglang_histospec.pipe.planner import Group, Planner
 from sglang_histospec.router.backends import Backend, BackendDown, BackendPool
 from sglang_histospec.router.config import SHUTDOWN_POLL_S, RouterConfig, RouterError
 from sglang_histospec.router.items import completion_tokens, item_prompt_id
+from sglang_histospec.router.trace_log import RouterTrace
 
 StepItems = tuple[list[dict[str, Any]], dict[int, list[int]], list[float], list[LengthEstimate]]
 """A planned step: its items, placement (backend index -> item indices), predicted lengths and estimates."""
@@ -56,6 +57,12 @@ class Dispatcher:
         self.deferred = 0  # requests a step call returned without (answered with a later call)
         self.steps = 0
         self.weight_version: str | None = None  # the last weight_version sent through update_weights
+        self.trace = RouterTrace(config.trace_path) if config.trace_path else None
+
+    def record(self, answers: list[tuple[int, dict[str, Any], dict[str, Any] | None]]) -> None:
+        """Append (step, item, answer) of one call to the trace, when there is one (call outside ``lock``)."""
+        if self.trace is not None:
+            self.trace.append(answers)
 
     @property
     def backends(self) -> list[Backend]:

@@ -74,12 +74,13 @@ class Overlap:
         """Feed the predictor with what ``flights`` answered, keep what still runs for the next step call."""
         d = self.dispatch
         answers = flights.answers(step)
+        landed = [(f.step, flights.items[i], flights.results[i]) for i, f in flights.flights.items()]
         with d.lock:
-            for i, f in flights.flights.items():
-                out = flights.results[i]
+            for f_step, item, out in landed:
                 if out is not None:
-                    d.observe(f.step, flights.items[i], out)
+                    d.observe(f_step, item, out)
             if step is not None:
                 d.steps += 1
+        d.record(landed)
         self._carry = flights if flights.pending() else None
         return answers

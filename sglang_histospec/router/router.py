@@ -22,6 +22,7 @@ from sglang_histospec.router.flights import Flights
 from sglang_histospec.router.items import dumps, is_batch, split_generate_body
 from sglang_histospec.router.metrics import metrics_text, sum_stats
 from sglang_histospec.router.overlap import Overlap
+from sglang_histospec.router.trace_log import plain_step
 from sglang_histospec.server.protocol import ModelLimits
 from sglang_histospec.server.schemas import (
     GenerateBody,
@@ -108,6 +109,8 @@ class Router:
         self.pool.stop.set()
         self.dispatch.close()
         self.pool.close()
+        if self.dispatch.trace is not None:
+            self.dispatch.trace.close()
 
     def check_health(self) -> list[bool]:
         return self.pool.check_health()
@@ -196,6 +199,7 @@ class Router:
             for item, out in zip(items, results):
                 d.observe(step, item, out)
             d.steps += 1
+        d.record([(step, item, out) for item, out in zip(items, results)])
         return results  # type: ignore[return-value]
 
     def overlap_step(
@@ -246,6 +250,8 @@ class Router:
             for item, outs in zip(items, grouped):
                 for out in outs:
                     d.observe(d.steps, item, out)
+            step = plain_step(d.weight_version, d.steps)
+        d.record([(step, item, out) for item, outs in zip(items, grouped) for out in outs])
         flat = [out for outs in grouped for out in outs]
         return flat if batch or len(flat) > 1 else flat[0]
 
@@ -312,6 +318,7 @@ class Router:
             "deferred": self.deferred,
             "carried": self.carried(),
             "prompts_with_history": len(self.predictor),
+            "trace": None if (t := self.dispatch.trace) is None else {"records": t.appender.count, "errors": t.errors},
             "backends": [
                 {"url": b.url, "healthy": b.healthy, "outstanding_tokens": b.outstanding, **b.counters}
                 for b in self.backends

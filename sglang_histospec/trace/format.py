@@ -17,6 +17,8 @@ import gzip
 import io
 import json
 import os
+import warnings
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -208,12 +210,36 @@ def iter_steps(path: str | os.PathLike) -> Iterator[TraceStep]:
 
 
 def _numbered(spath: str) -> Iterator[tuple[int, TraceRecord]]:
+    """(line number, record) of every line; a torn tail (a run that died appending, ``trace/append.py``) is
+    dropped with a warning: an unterminated last line that does not parse, or a cut-short last gzip member."""
     if not os.path.exists(spath):
         raise TraceError(f"{spath}: no such trace file")
+    lineno = 0
     with _open_text(spath, "r") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                yield lineno, parse_record(line, spath, lineno)
+        try:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if line.endswith("\n"):
+                    yield lineno, parse_record(line, spath, lineno)
+                    continue
+                try:
+                    rec = parse_record(line, spath, lineno)
+                except TraceError:
+                    _warn_torn(spath, lineno - 1)
+                    return
+                yield lineno, rec
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            if lineno == 0:
+                raise TraceError(f"{spath}: not a readable gzip file ({exc})") from None
+            _warn_torn(spath, lineno)
+
+
+def _warn_torn(spath: str, lineno: int) -> None:
+    warnings.warn(
+        f"{spath}: ends in a torn append after line {lineno} (a run that died writing it); read up to there",
+        stacklevel=3,
+    )
 
 
 def load_steps(path: str | os.PathLike) -> tuple[list[TraceStep], bool]:

@@ -168,3 +168,36 @@ def test_overlap_over_http_and_sync_mode_unchanged(stall_servers):
         sync.close()
     with pytest.raises(ValueError, match="migrate_outliers"):
         RouterConfig(backends=["http://x"], overlap=True, migrate_outliers=False)
+
+
+def test_trace_path_holds_every_answer_once_a_straggler_under_its_own_step(stall_servers, tmp_path):
+    """trace_path with overlap: each call appends what landed; step 1's straggler, answered in step 2's call, is
+    written under step 1 (a trace out of step order is fine: the reader and replay sort it)."""
+    from sglang_histospec.trace.format import load_steps
+
+    path = tmp_path / "rollouts.jsonl"
+    router = Router(
+        RouterConfig(
+            backends=[s.url for s in stall_servers], overlap=True, planner=PlannerConfig(tail_fraction=0.5),
+            trace_path=str(path),
+        )
+    )  # fmt: skip
+    router.start()
+    try:
+        first = _step(router, 1, "stall1")
+        answered = sum(o is not None for o in first.results)
+        assert len(path.read_text().splitlines()) == answered  # appended before the step call returned
+        _release(stall_servers, "stall1")
+        _step(router, 2, "stall2")
+        _release(stall_servers, "stall2")
+        router.drain()
+    finally:
+        router.close()
+    steps, _ = load_steps(path)
+    assert [s.step for s in steps] == [1, 2]
+    for s in steps:
+        assert len(s.records) == N and {r.sample for r in s.records} == {0}
+        got = {r.prompt_id: r.response for r in s.records}
+        pids = [f"ok{i}" for i in range(N - 1)] + [f"stall{s.step}"]
+        assert got == {pid: _expected(s.step, i) for i, pid in enumerate(pids)}
+    assert router.stats()["trace"] == {"records": 2 * N, "errors": 0}

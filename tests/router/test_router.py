@@ -426,3 +426,41 @@ def test_router_shutdown_fails_running_calls_at_once(long_server) -> None:
     router.close()
     # at once: the backend's answer is seconds away (LONG_RUN_TOKENS), the call fails within a poll or two
     assert time.monotonic() - t0 < 2 and isinstance(got[0], RouterError) and got[0].status == 503, got
+
+
+def test_trace_path_records_step_calls_and_plain_generate_and_replays(servers, tmp_path, capsys) -> None:
+    """RouterConfig.trace_path (``histospec route --trace-path``): a step call and a plain /generate each append
+    their answers (logprobs kept); the trace loads and `histospec replay` runs on it."""
+    from sglang_histospec.cli import main
+    from sglang_histospec.trace.format import load_steps
+
+    path = tmp_path / "rollouts.jsonl.gz"
+    router = _router([s.url for s in servers], trace_path=str(path))
+    try:
+        client = TestClient(create_app(router))
+        body = {
+            "prompts": [{"prompt_id": p, "input_ids": ids} for p, ids in PROMPTS[:3]],
+            "group_size": 2,
+            "sampling_params": GREEDY,
+            "return_logprob": True,
+        }
+        assert client.post("/histopipe/step", json=body).status_code == 200
+        plain = {"input_ids": [ids for _, ids in PROMPTS[:2]], "sampling_params": GREEDY}
+        answers = client.post("/generate", json=plain).json()
+    finally:
+        router.close()
+    steps, _ = load_steps(path)
+    assert [s.step for s in steps] == [0, 1]  # the plain call: the router's step count (no weight version sent)
+    assert [(r.prompt_id, r.sample) for r in steps[0].records] == [(p, j) for p, _ in PROMPTS[:3] for j in (0, 1)]
+    assert all(r.logprobs is not None and len(r.logprobs) == len(r.response) == 12 for r in steps[0].records)
+    assert [r.response for r in steps[1].records] == [a["output_ids"] for a in answers]
+    capsys.readouterr()
+    assert main(["replay", str(path), "--drafter", "histospec", "--budget", "8", "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["responses"] == 8 and out["tau"] >= 1.0
+
+
+def test_plain_generate_answers_take_the_weight_version_as_step() -> None:
+    from sglang_histospec.router.trace_log import plain_step
+
+    assert (plain_step("7", 2), plain_step(None, 2), plain_step("ckpt-a", 2)) == (7, 2, 2)

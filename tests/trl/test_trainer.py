@@ -6,6 +6,7 @@ before its first generation (TRL's ``_last_loaded_step = -1``), so tests do not 
 
 from __future__ import annotations
 
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -282,3 +283,34 @@ def test_hashed_prompt_ids_are_used_when_the_column_is_absent(model_dir, servers
     for record in trainer.recent_generations:  # the id every server derives from the same tokens
         assert record.prompt_ids == [token_prompt_id(p) for p in record.prompt_token_ids]
     assert trainer.recent_generations
+
+
+def test_trace_path_writes_each_step_and_the_trace_replays(model_dir, servers, tmp_path, capsys):
+    """trace_path: every training generation is appended as one step (4 samples, rewards, logprobs), the file
+    loads with the trace reader, and `histospec replay TRACE --json` runs on it; a new run on the path starts over."""
+    from sglang_histospec.cli import main
+    from sglang_histospec.trace.format import load_steps
+
+    path = tmp_path / "run" / "trace.jsonl.gz"
+    ds = tiny_dataset(2, id_prefix="trace-")
+    trainer = make_trainer(
+        model_dir, servers["on"].url, tmp_path / "out", dataset=ds, max_steps=3, trace_path=str(path)
+    )
+    trainer.train()
+    steps, was_sorted = load_steps(path)
+    assert was_sorted and [s.step for s in steps] == [0, 1, 2]
+    for s in steps:
+        assert len(s.records) == 4 and len({r.prompt_id for r in s.records}) == 1
+        assert sorted(r.sample for r in s.records) == [0, 1, 2, 3]
+        assert all(r.reward is not None and r.logprobs is not None for r in s.records)
+        assert all(len(r.logprobs) == len(r.response) for r in s.records)
+    assert {s.records[0].prompt_id for s in steps[:2]} == {"trace-0", "trace-1"}  # one epoch of 2 prompts
+    capsys.readouterr()
+    assert main(["replay", str(path), "--drafter", "histospec", "--budget", "8", "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["responses"] == 12 and out["tau"] >= 1.0, out
+    again = make_trainer(
+        model_dir, servers["on"].url, tmp_path / "out2", dataset=ds, max_steps=1, trace_path=str(path)
+    )
+    again.train()  # a fresh run from step 0 on the same path starts the trace over
+    assert [s.step for s in load_steps(path)[0]] == [0]
