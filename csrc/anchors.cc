@@ -340,10 +340,15 @@ struct Scan {
     // Every kMaxAnchors originals: the floor := the kMaxAnchors-th largest rate0 (ties with it rank later, lose).
     if (++since < kMaxAnchors || originals.size() < static_cast<size_t>(kMaxAnchors)) return;
     since = 0;
+    floor = kth_best();
+    originals.resize(kMaxAnchors);  // the rest can never matter again
+  }
+
+  // The kMaxAnchors-th largest rate0 of the originals kept (at least kMaxAnchors of them); puts the best first.
+  double kth_best() {
     auto kth = originals.begin() + (kMaxAnchors - 1);
     std::nth_element(originals.begin(), kth, originals.end(), std::greater<double>());
-    floor = *kth;
-    originals.resize(kMaxAnchors);  // the rest can never matter again
+    return *kth;
   }
 
   // The rewritten copies of the source just scanned, after its originals and in their order (anchors.py:
@@ -357,9 +362,7 @@ struct Scan {
   // Drops the keys that can never be used: below the kMaxAnchors-th best original's rate0 (ties are kept).
   void prune_keys() {
     if (originals.size() < static_cast<size_t>(kMaxAnchors)) return;
-    auto kth = originals.begin() + (kMaxAnchors - 1);
-    std::nth_element(originals.begin(), kth, originals.end(), std::greater<double>());
-    const double worst = *kth;
+    const double worst = kth_best();
     keys.erase(std::remove_if(keys.begin(), keys.end(), [&](const Key& k) { return k.rate0 < worst; }), keys.end());
   }
 };
@@ -408,6 +411,10 @@ inline void consider(Scan& sc, int32_t s, int32_t kind, const int32_t* seq, int6
 }
 
 // The postings of one run, newest first, until the scan has seen kScan positions; false once it has.
+int32_t min_length(const Scan& sc, int32_t s, int32_t kind) {  // a candidate's shortest match
+  return kind ? kSubMinMatch : s == kGlobal ? kGlobalMinMatch : sc.cfg.min_match;
+}
+
 inline bool scan_run(Scan& sc, int32_t s, int32_t kind, int32_t lmin, const PostingRun& run, int32_t& seen) {
   const Corpus& corpus = *run.corpus;
   for (const Posting* p = run.hi; p != run.lo;) {
@@ -420,10 +427,6 @@ inline bool scan_run(Scan& sc, int32_t s, int32_t kind, int32_t lmin, const Post
     consider(sc, s, kind, seq.data, seq.size, p->j, lmin, s == kHistory ? corpus.wclass(p->seq) : 0);
   }
   return true;
-}
-
-int32_t min_length(const Scan& sc, int32_t s, int32_t kind) {
-  return kind ? kSubMinMatch : s == kGlobal ? kGlobalMinMatch : sc.cfg.min_match;
 }
 
 // One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
@@ -455,7 +458,7 @@ void scan_running(Scan& sc, int32_t kind, const std::vector<std::shared_ptr<Requ
   const int64_t n = sc.n;
   if (n < 1 + kind) return;
   const int32_t key = sc.ctx[n - 1 - kind];
-  const int32_t lmin = kind ? kSubMinMatch : sc.cfg.min_match;
+  const int32_t lmin = min_length(sc, kRunning, kind);
   int32_t seen = 0;
   for (auto it = group.rbegin(); it != group.rend(); ++it) {
     const Request& r = **it;
@@ -477,7 +480,7 @@ void scan_running(Scan& sc, int32_t kind, const std::vector<std::shared_ptr<Requ
 void scan_self(Scan& sc, int32_t kind, const int32_t* prev) {
   const int64_t n = sc.n;
   if (n < 2 + kind) return;
-  const int32_t lmin = kind ? kSubMinMatch : sc.cfg.min_match;
+  const int32_t lmin = min_length(sc, kSelf, kind);
   int32_t seen = 0, rank = 0;
   for (int64_t p = prev[n - 1 - kind]; p >= 0; p = prev[p]) {  // ctx[p] == ctx[n - 1 - kind], p < n - 1 - kind
     if (seen == kScan) break;
@@ -771,7 +774,6 @@ void AnchorDrafter::refresh_sources(Request& req) const {
     }
   }
   if (cfg_.sources[kGlobal] && global_list_ && !global_list_->empty()) {
-    src.global = global_list_;
     src.global_dir = global_directory(global_list_);
   }
   req.sources = std::move(src);

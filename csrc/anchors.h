@@ -180,8 +180,8 @@ using DirectoryPtr = std::shared_ptr<const CorpusDirectory>;
 
 struct DraftSources {  // the corpora one draft reads (null: none), each list oldest first
   CorpusPtr history;
-  CorpusList siblings, global;
-  DirectoryPtr global_dir;  // global's postings by token (null when global is)
+  CorpusList siblings;
+  DirectoryPtr global_dir;  // the global corpora's postings by token (it holds their list); null: none
 };
 
 // A draft's trie as kept until its outcome is known: enough to replay the reference's learning step.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -233,9 +233,9 @@ def run_draft_bench(steps: list[TraceStep], cfg: DraftBenchConfig, drafter_cfg: 
         raise ValueError(f"the trace has {len(steps)} step(s): bench draft needs history (>= 2 steps)")
     say = progress or (lambda msg: None)
     base = drafter_cfg or DrafterConfig()
-    drafters = [HistoSpecDrafter(DrafterConfig(**{**_fields(base), "draft_threads": 1}))]
+    drafters = [HistoSpecDrafter(replace(base, draft_threads=1))]
     if cfg.draft_threads > 1:
-        drafters.append(HistoSpecDrafter(DrafterConfig(**{**_fields(base), "draft_threads": cfg.draft_threads})))
+        drafters.append(HistoSpecDrafter(replace(base, draft_threads=cfg.draft_threads)))
     history = _history(steps, drafters)
     responses = [len(r.response) for st in steps for r in st.records]
     res = DraftBenchResult(cfg, history, float(np.mean(responses)))
@@ -253,10 +253,9 @@ def run_draft_bench(steps: list[TraceStep], cfg: DraftBenchConfig, drafter_cfg: 
         if len(drafters) > 1:
             _, us_t = _timed(drafters[1].draft_batch, list(reqs.ids), budgets)
         commits, accepted = reqs.commits(drafts)
-        extend_us = 0.0
-        for d in drafters:
-            _, e_us = _timed(d.extend_batch, list(reqs.ids), commits)
-            extend_us = extend_us or e_us
+        _, extend_us = _timed(drafters[0].extend_batch, list(reqs.ids), commits)
+        for d in drafters[1:]:
+            d.extend_batch(list(reqs.ids), commits)
         if ngram is not None:
             windows, get_us = ngram.get(list(reqs.ids), [reqs.context(i) for i in range(cfg.batch)])
             put_us = ngram.put(windows)
@@ -277,12 +276,6 @@ def run_draft_bench(steps: list[TraceStep], cfg: DraftBenchConfig, drafter_cfg: 
         if (rnd + 1) % 10 == 0:
             say(f"round {rnd + 1}/{cfg.warmup + cfg.rounds}: draft {us / 1e3:.2f} ms per call")
     return res
-
-
-def _fields(cfg: DrafterConfig) -> dict:
-    from dataclasses import fields
-
-    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
 
 
 def _make_ngram(cfg: DraftBenchConfig, res: DraftBenchResult) -> _Ngram | None:

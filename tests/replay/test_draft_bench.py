@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -43,9 +44,9 @@ def test_keys_and_per_request_figures():
 def test_drafts_do_not_depend_on_timing_or_threads():
     """The same seed gives the same drafts (the digest), whatever the second drafter's threads."""
     base = DraftBenchConfig(batch=12, budget=6, rounds=3, warmup=0, ngram=False)
-    one = run_draft_bench(SYNTH, DraftBenchConfig(**{**_asdict(base), "draft_threads": 1})).to_json()
-    two = run_draft_bench(SYNTH, DraftBenchConfig(**{**_asdict(base), "draft_threads": 3})).to_json()
-    other = run_draft_bench(SYNTH, DraftBenchConfig(**{**_asdict(base), "seed": 1})).to_json()
+    one = run_draft_bench(SYNTH, replace(base, draft_threads=1)).to_json()
+    two = run_draft_bench(SYNTH, replace(base, draft_threads=3)).to_json()
+    other = run_draft_bench(SYNTH, replace(base, seed=1)).to_json()
     assert one["drafts_sha1"] == two["drafts_sha1"] != other["drafts_sha1"]
 
 
@@ -92,9 +93,3 @@ def test_ngram_on_the_same_windows():
     out = run_draft_bench(SYNTH, cfg).to_json()
     assert out["ngram_batch_get_us_p50"] > 0 and out["ngram_batch_put_us_p50"] > 0
     assert out["ratio"] == pytest.approx(out["draft_call_us_p50"] / out["ngram_batch_get_us_p50"], rel=1e-3)
-
-
-def _asdict(cfg: DraftBenchConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
