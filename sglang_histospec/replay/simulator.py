@@ -52,6 +52,23 @@ class ReplayDrafter(Protocol):
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None: ...
     def extend(self, req_id: str, tokens: list[int]) -> None: ...
     def draft(self, req_id: str, budget: int) -> Draft: ...
+    def draft_round(self, req_ids: list[str], budgets: list[int]) -> list[Draft]:
+        """One round's drafts in one call, as an engine asks for a batch (``ReplayConfig.batch_drafts``)."""
+        ...
+
+    def verified(self, req_id: str, draft: Draft) -> None:
+        """The part of the request's last draft that is verified (a round cut may drop nodes)."""
+        ...
+
+    def end_round(self) -> None:
+        """A round's verify steps are done (a peer inserts what they committed in one batch here)."""
+        ...
+
+    def overlap_ns(self) -> int:
+        """Of the last round's host time, what an engine runs beside the forward pass (a peer's asynchronous insert):
+        left out of the round's host time."""
+        ...
+
     def finish(self, req_id: str, response: list[int]) -> None: ...
     def end_step(self, step: int, groups: list[tuple[str, list[int], list[list[int]], list[float] | None]]) -> None:
         """Close ``step``; ``groups`` = (prompt_id, prompt, responses by sample, rewards or None) per prompt."""
@@ -87,6 +104,18 @@ class BaseDrafter:
     def draft(self, req_id: str, budget: int) -> Draft:
         return Draft.empty()
 
+    def draft_round(self, req_ids: list[str], budgets: list[int]) -> list[Draft]:
+        return [self.draft(r, b) for r, b in zip(req_ids, budgets)]
+
+    def verified(self, req_id: str, draft: Draft) -> None:
+        pass
+
+    def end_round(self) -> None:
+        pass
+
+    def overlap_ns(self) -> int:
+        return 0
+
     def finish(self, req_id: str, response: list[int]) -> None:
         pass
 
@@ -107,6 +136,26 @@ class NoneDrafter(BaseDrafter):
     """No speculation: tau = 1."""
 
     name = "none"
+
+
+class RoundCut(Protocol):
+    """Which drafted nodes a lockstep round verifies (the adaptive policy of replay/projection.py)."""
+
+    def drafts(self, batch: int) -> bool:
+        """Whether a round of ``batch`` requests drafts at all (False: no drafting work, plain verify steps)."""
+        ...
+
+    def cut(self, batch: int, drafts: list[Draft], host_ns: int) -> list[Draft]:
+        """The verified part of every draft of the round (prefix-closed), given the round's drafting time."""
+        ...
+
+    def learn(self, verified: list[Draft], accepted: list[int]) -> None:
+        """The round's verified drafts and the nodes each accepted."""
+        ...
+
+    def new_step(self) -> None:
+        """A training step begins: a new history."""
+        ...
 
 
 def accept_length(draft: Draft, target: Sequence[int], start: int) -> int:
@@ -138,6 +187,13 @@ class ReplayConfig:
     another, shortest first (docs/replay.md section 3)."""
     max_running: int | None = None
     """Lockstep only: at most this many requests at once, admitted in (prompt, sample) order (None = all)."""
+    batch_drafts: bool = False
+    """Draft each round in one ``draft_round`` call (as an engine drafts a batch; ``draft_threads`` then apply) and
+    record every draft's time as the call's over its requests."""
+    record_rounds: bool = False
+    """Keep every round's (step, batch, verify rows, host ns) in ``ReplayResult.rounds`` (the projection's input)."""
+    cut: RoundCut | None = None
+    """Lockstep only: the policy that sizes each round's drafts (None: every draft is verified whole)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or not 0 <= self.budget <= MAX_BUDGET:
@@ -151,6 +207,8 @@ class ReplayConfig:
             )
         if self.batch < 1:
             raise ValueError(f"batch={self.batch} must be >= 1")
+        if self.cut is not None and self.schedule != "lockstep":
+            raise ValueError("a round cut (--policy adaptive) needs schedule='lockstep'")
         if self.oracle_sources is not None and not set(self.oracle_sources) <= set(SOURCES):
             raise ValueError(f"oracle_sources={self.oracle_sources!r}: expected names from {SOURCES}")
 
@@ -192,6 +250,8 @@ class ReplayResult(AcceptanceRates):
     """accept_hist[a] = verify steps that accepted a nodes."""
     calibration: dict | None = None
     """How well the drafter's probabilities predicted acceptance (drafters with ``calibration_report``)."""
+    rounds: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """With ``record_rounds``: (step, running requests, verify rows, host ns of drafting and extending) per round."""
 
     @property
     def oracle_tau(self) -> float | None:
@@ -401,6 +461,10 @@ class _Tally:
     draft_ns: list[int] = field(default_factory=list)
     """Wall time of every ``draft`` call."""
     cost_sum: float = 0.0
+    rows: int = 0
+    """Verify rows of the current round (a root and the verified nodes per request; padded for ``pads_to_budget``)."""
+    host_ns: int = 0
+    """The current round's drafter time (drafts, extends, observes, ``end_round``)."""
 
 
 def _oracle(drafter: ReplayDrafter, cfg: ReplayConfig) -> Oracle | None:
@@ -424,24 +488,28 @@ def admission_order(records: list[TraceRecord], schedule: str) -> list[TraceReco
     return sorted(records, key=lambda r: (first[r.prompt_id], r.sample))
 
 
-def _verify(
-    drafter: ReplayDrafter, req: Request, d: Draft, b: int, cap: int, res: ReplayResult, tally: _Tally
-) -> None:
-    """Verify ``d`` (drafted with budget ``b``) against ``req``'s recorded tokens, emit, and count."""
+def _verify(drafter: ReplayDrafter, req: Request, d: Draft, b: int, cap: int, res: ReplayResult, tally: _Tally) -> int:
+    """Verify ``d`` (drafted with budget ``b``) against ``req``'s recorded tokens, emit, and count; returns the
+    accepted nodes."""
     resp, p = req.rec.response, req.pos
     nd = len(d.token_ids)
     if nd > b:
         raise RuntimeError(f"drafter {drafter.name!r} returned {nd} nodes for budget {b}")
     a = accept_length(d, resp, p) if nd else 0
     e = min(a + 1, len(resp) - p)
+    t0 = time.perf_counter_ns()
     drafter.extend(req.rid, resp[p : p + e])
     drafter.observe(req.rid, nd, a)
+    tally.host_ns += time.perf_counter_ns() - t0
     req.ends.append(p + e)
     res.drafted += nd
     res.accepted += a
     tally.accept_hist[a] += 1
+    width = min(b, cap) if drafter.pads_to_budget else nd
+    tally.rows += 1 + width
     if tally.costs is not None:
-        tally.cost_sum += tally.costs[min(b, cap) if drafter.pads_to_budget else nd]
+        tally.cost_sum += tally.costs[width]
+    return a
 
 
 def _decode_step(
@@ -457,7 +525,6 @@ def _decode_step(
     for the next one in ``admission_order``. Returns the requests in order of finishing."""
     queue = deque(admission_order(st.records, cfg.schedule))
     width = cfg.width or max(len(queue), 1)
-    clock = time.perf_counter_ns
     running: list[Request] = []
     done: list[Request] = []
     rnd = 0
@@ -471,14 +538,9 @@ def _decode_step(
                 drafter.finish(req.rid, rec.response)
                 if bar is not None:
                     bar.update(1)
-        drafts = []
-        for req in running:
-            b = drafter.budget(req.rid, cfg.budget)
-            t0 = clock()
-            drafts.append((req, b, drafter.draft(req.rid, b)))
-            tally.draft_ns.append(clock() - t0)
-        for req, b, d in drafts:
-            _verify(drafter, req, d, b, cfg.budget, res, tally)
+        _round(drafter, running, cfg, res, tally)
+        if cfg.record_rounds:
+            res.rounds.append((st.step, len(running), tally.rows, tally.host_ns))
         still = []
         for req in running:
             if req.pos < len(req.rec.response):
@@ -491,6 +553,42 @@ def _decode_step(
         running = still
         rnd += 1
     return done
+
+
+def _round(
+    drafter: ReplayDrafter, running: list[Request], cfg: ReplayConfig, res: ReplayResult, tally: _Tally
+) -> None:
+    """One round: every running request drafts (one ``draft_round`` call with ``batch_drafts``), ``cfg.cut`` sizes
+    the drafts, then each is verified and extended; the round's rows and host time go to ``tally``."""
+    clock = time.perf_counter_ns
+    tally.rows = tally.host_ns = 0
+    rids = [req.rid for req in running]
+    drafting = cfg.cut is None or cfg.cut.drafts(len(running))
+    budgets = [drafter.budget(r, cfg.budget) if drafting else 0 for r in rids]
+    if not drafting:
+        drafts = [Draft.empty()] * len(rids)
+    elif cfg.batch_drafts:
+        t0 = clock()
+        drafts = drafter.draft_round(rids, budgets)
+        tally.host_ns = clock() - t0
+        tally.draft_ns.extend([tally.host_ns // max(len(rids), 1)] * len(rids))
+    else:
+        drafts = []
+        for r, b in zip(rids, budgets):
+            t0 = clock()
+            drafts.append(drafter.draft(r, b))
+            tally.draft_ns.append(clock() - t0)
+        tally.host_ns = sum(tally.draft_ns[-len(rids) :]) if rids else 0
+    if drafting and cfg.cut is not None:
+        drafts = cfg.cut.cut(len(running), drafts, tally.host_ns)
+        for r, d in zip(rids, drafts):
+            drafter.verified(r, d)
+    accepted = [_verify(drafter, req, d, b, cfg.budget, res, tally) for req, b, d in zip(running, budgets, drafts)]
+    t0 = clock()
+    drafter.end_round()
+    tally.host_ns += clock() - t0 - drafter.overlap_ns()
+    if drafting and cfg.cut is not None:
+        cfg.cut.learn(drafts, accepted)
 
 
 def _add_step(res: ReplayResult, ss: StepStats) -> None:
@@ -537,6 +635,8 @@ def replay(steps: Sequence[TraceStep], drafter: ReplayDrafter, cfg: ReplayConfig
         bar = tqdm(total=total, unit="resp", desc=f"replay {drafter.name}", leave=False, disable=None)
     t_start = time.perf_counter()
     for st in steps:
+        if cfg.cut is not None:
+            cfg.cut.new_step()
         reqs = _decode_step(drafter, st, cfg, res, tally, bar)
         drafter.end_step(st.step, _groups(st.records))
         ss = StepStats(st.step, len(reqs), sum(len(r.rec.response) for r in reqs), sum(len(r.ends) for r in reqs))

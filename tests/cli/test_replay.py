@@ -72,6 +72,57 @@ def test_replay_plot_and_verify_cost(trace, capsys, tmp_path):
     assert png.stat().st_size > 0
 
 
+PROJECTION_KEYS = {"table", "measured", "host_speed", "policy", "plain_ms", "ms", "pass_ms", "host_ms", "speedup",
+                   "tail_share", "plain_tail_share", "rounds", "plain_rounds"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "label"),
+    [
+        ([], "roofline MODEL"),
+        (["--policy", "adaptive", "--host-speed", "3", "--per-step"], "roofline MODEL"),
+        (["--verify-cost", "MS"], "unit"),
+        (["--compare", "none"], "roofline MODEL"),
+    ],
+)
+def test_replay_projection(trace, capsys, tmp_path, extra, label):
+    table = tmp_path / "ms.json"
+    table.write_text(json.dumps({"ms": {"1": {"1": 1.0, "8": 1.0}, "64": {"1": 1.0, "8": 1.0}}, "label": "unit"}))
+    extra = [str(table) if x == "MS" else x for x in extra]
+    args = ["replay", str(trace), "--drafter", "histospec", "--budget", "6", "--json", "--no-progress"]
+    assert main([*args, *extra]) == 0
+    proj = last_json(capsys)["projection"]
+    assert set(proj) >= PROJECTION_KEYS and proj["table"].startswith(label) and proj["measured"] is False
+    assert proj["ms"] == pytest.approx(proj["pass_ms"] + proj["host_ms"], abs=1e-2)
+    assert proj["plain_ms"] > 0 and 0 <= proj["tail_share"] <= 1
+    assert ("cut" in proj) == ("adaptive" in extra) and ("per_step" in proj) == ("--per-step" in extra)
+    if "--compare" in extra:  # plain decoding through the replay: the plain projection, and the ratio to it
+        vs = proj["vs"]["none"]
+        assert vs["pass_ms"] == pytest.approx(proj["plain_ms"], rel=1e-6) and vs["ratio"] == pytest.approx(
+            vs["ms"] / proj["ms"], rel=1e-3
+        )
+    if label == "unit":  # every pass costs 1 ms: the passes are the rounds, fewer than plain's
+        assert proj["pass_ms"] == pytest.approx(proj["rounds"]) and proj["rounds"] < proj["plain_rounds"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--schedule", "sequential", "--policy", "adaptive"], "needs --schedule lockstep"),
+        (["--drafter", "prompt-lookup", "--policy", "adaptive"], "calibrated probabilities"),
+        (["--host-speed", "0"], "host-speed"),
+        (["--verify-cost", "REL", "--compare", "none"], "absolute pass times"),
+    ],
+)
+def test_replay_projection_errors(trace, capsys, tmp_path, extra, message):
+    rel = tmp_path / "rel.json"
+    rel.write_text(json.dumps({"batches": {"1": {"1": 1.0, "7": 1.0}}}))
+    extra = [str(rel) if x == "REL" else x for x in extra]
+    drafter = [] if "--drafter" in extra else ["--drafter", "histospec"]
+    assert main(["replay", str(trace), "--budget", "6", "--json", "--no-progress", *drafter, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_replay_unsorted_trace_is_replayed_in_step_order(tmp_path, capsys):
     lines = [
         {"step": 1, "prompt_id": "a", "sample": 0, "prompt": [1], "response": [5, 6, 7, 8]},

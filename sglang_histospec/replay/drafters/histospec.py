@@ -16,7 +16,7 @@ import numpy as np
 from sglang_histospec.drafting.budget import BudgetConfig, BudgetController
 from sglang_histospec.drafting.drafter import DrafterConfig, HistoSpecDrafter
 from sglang_histospec.drafting.protocol import Drafter
-from sglang_histospec.drafting.types import Draft
+from sglang_histospec.drafting.types import Draft, accepted_path
 from sglang_histospec.replay.simulator import BaseDrafter
 
 BUDGET_POLICIES = ("fixed", "paper", "released")
@@ -55,6 +55,7 @@ class HistoSpecReplayDrafter(BaseDrafter):
         self.budgets = BudgetController(bcfg) if bcfg is not None else None
         self._depth: dict[str, int] = {}
         self._last: dict[str, Draft] = {}  # the request's last draft, verified by the next extend
+        self._pending: list[tuple[Draft, list[int]]] | None = None  # batched rounds: (draft, tokens) to learn
         self._cal = {"nodes": 0, "accepted": 0, "raw": 0.0, "calibrated": 0.0, "brier_raw": 0.0, "brier_cal": 0.0}
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
@@ -63,17 +64,32 @@ class HistoSpecReplayDrafter(BaseDrafter):
     def extend(self, req_id: str, tokens: list[int]) -> None:
         d = self._last.pop(req_id, None)
         if d is not None and len(d):
-            self._calibrate(d, tokens)
+            if self._pending is None:
+                self._calibrate([d], [tokens])
+            else:
+                self._pending.append((d, tokens))
         self.drafter.extend(req_id, tokens)
 
-    def _calibrate(self, d: Draft, tokens: list[int]) -> None:
-        """Score the calibration's prediction for this draft, then teach it what ``tokens`` accepted."""
+    def end_round(self) -> None:
+        if self._pending:
+            drafts, tokens = zip(*self._pending)
+            self._calibrate(list(drafts), list(tokens))
+            self._pending.clear()
+
+    def _calibrate(self, drafts: list[Draft], tokens: list[list[int]]) -> None:
+        """Score the calibration's predictions for these drafts, then teach it what each one's ``tokens`` accepted
+        (one draft at a time, or a batched round's drafts together as the engine learns a step's)."""
         cal = self.drafter.calibration
-        raw = np.asarray(d.probs, dtype=np.float64)
-        pred = cal.calibrate_draft(d)
-        hit = cal.observe_tokens(d, tokens)
+        raw = np.asarray([p for d in drafts for p in d.probs], dtype=np.float64)
+        pred = cal.calibrate_drafts(drafts)
+        hit = np.zeros(len(raw), dtype=bool)
+        at = 0
+        for d, toks in zip(drafts, tokens):
+            hit[[at + i for i in accepted_path(d.token_ids, d.parents, toks)]] = True
+            at += len(d)
+        cal.observe_drafts(drafts, hit)
         c = self._cal
-        c["nodes"] += len(d)
+        c["nodes"] += len(raw)
         c["accepted"] += int(hit.sum())
         c["raw"] += float(raw.sum())
         c["calibrated"] += float(pred.sum())
@@ -95,10 +111,21 @@ class HistoSpecReplayDrafter(BaseDrafter):
 
     def draft(self, req_id: str, budget: int) -> Draft:
         d = self.drafter.draft_batch([req_id], [budget])[0]
-        self._last[req_id] = d
-        if self.budgets is not None:
-            self._depth[req_id] = max(d.depths(), default=0)
+        self.verified(req_id, d)
         return d
+
+    def draft_round(self, req_ids: list[str], budgets: list[int]) -> list[Draft]:
+        if self._pending is None:
+            self._pending = []
+        drafts = self.drafter.draft_batch(req_ids, budgets)
+        for r, d in zip(req_ids, drafts):
+            self.verified(r, d)
+        return drafts
+
+    def verified(self, req_id: str, draft: Draft) -> None:
+        self._last[req_id] = draft
+        if self.budgets is not None:
+            self._depth[req_id] = max(draft.depths(), default=0)
 
     def budget(self, req_id: str, cap: int) -> int:
         return cap if self.budgets is None else min(cap, self.budgets.get(req_id))

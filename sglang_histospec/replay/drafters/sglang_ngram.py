@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 import types
 from dataclasses import dataclass
 
@@ -133,6 +134,8 @@ class SGLangNgramDrafter(BaseDrafter):
         self._ctx: dict[str, list[int]] = {}
         self._window: dict[str, list[int]] = {}
         self.resets_each_step = reset == "step"
+        self._puts: list[list[int]] | None = None  # batched rounds: the windows to put at the round's end
+        self._overlap_ns = 0
 
     def start(self, req_id: str, prompt_id: str, prompt: list[int]) -> None:
         self._ctx[req_id] = list(prompt)
@@ -151,8 +154,42 @@ class SGLangNgramDrafter(BaseDrafter):
         ids, mask = self.corpus.batch_get([req_id], [window], [len(ctx)])
         return tree_from_mask(ids, mask.reshape(self.n, self.n))
 
+    def draft_round(self, req_ids: list[str], budgets: list[int]) -> list[Draft]:
+        """One ``batch_get`` of every request's window, as the worker asks for a batch; the round's windows are
+        put in one ``batch_put`` at ``end_round``."""
+        if self._puts is None:
+            self._puts = []
+        ctxs = [self._ctx[r] for r in req_ids]
+        windows = [c[-self.cfg.max_trie_depth :] for c in ctxs]
+        self._window.update(zip(req_ids, windows))
+        self.corpus.synchronize()
+        ids, mask = self.corpus.batch_get(req_ids, windows, [len(c) for c in ctxs])
+        ids, mask = (
+            np.asarray(ids).reshape(len(req_ids), self.n),
+            np.asarray(mask).reshape(len(req_ids), self.n, self.n),
+        )
+        return [tree_from_mask(i, m) for i, m in zip(ids, mask)]
+
     def observe(self, req_id: str, drafted: int, accepted: int) -> None:
-        self.corpus.batch_put([self._window.pop(req_id)])
+        window = self._window.pop(req_id)
+        if self._puts is None:
+            self.corpus.batch_put([window])
+        else:
+            self._puts.append(window)
+
+    def end_round(self) -> None:
+        """Batched rounds: one ``batch_put`` of the round's windows; the insert that SGLang runs asynchronously, beside
+        the next forward pass, is waited for here and reported by ``overlap_ns``."""
+        self._overlap_ns = 0
+        if self._puts:
+            self.corpus.batch_put(self._puts)
+            self._puts = []
+            t0 = time.perf_counter_ns()
+            self.corpus.synchronize()
+            self._overlap_ns = time.perf_counter_ns() - t0
+
+    def overlap_ns(self) -> int:
+        return self._overlap_ns
 
     def finish(self, req_id: str, response: list[int]) -> None:
         self.corpus.erase_match_state([req_id])
