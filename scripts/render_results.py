@@ -53,6 +53,8 @@ INDEX_TARGETS = {
 }
 """Issue 2's targets at batch 256 (issue 46: the batch's draft step on 2 threads): latency and memory at most,
 ingest (per CPU second) at least."""
+PROJECTION_TARGETS = {"plain": 2.1, "ngram": 1.3}
+"""Issue 54's aim on the long traces on a GPU's table: projected rollout time >= 2.1x plain, >= 1.3x NGRAM as deployed."""
 DRAFT_COST_TARGETS = {"draft_us_p50": 10.0, "p99_over_p50": 2.0, "step_ms_threads": 1.5, "ratio": 0.5, "growth": 1.5}
 """Issue 53's targets for ``bench draft`` at batch 256, budget 8: us per request, the batch call's p99 / p50, the
 call on 2 threads (ms), ours / NGRAM's ``batch_get``, and the growth per request from ~600- to 4K-token responses."""
@@ -360,6 +362,61 @@ def draft_cost_targets(by: dict[str, list[dict]]) -> str:
         )
         lines.append(f"growth 600 -> 4,096 tokens {grow:.2f}x (<= {t['growth']}x: {verdict(grow <= t['growth'])})")
     return "Worst of the long traces: " + "; ".join(lines) + "."
+
+
+def _table_name(row: dict) -> str:
+    if row["table_file"] == "default":
+        return "roofline model"
+    return Path(row["table_file"]).name.removeprefix("verify_cost_").split("_20")[0]
+
+
+def render_projection(doc: Path) -> str:
+    """``scripts/projection_matrix.py``'s cells: per trace, table and host speed, HistoSpec adaptive and fixed against
+    plain decoding and NGRAM as deployed, the host's share and the tail's, and the aim on the long traces."""
+    res = find("projection")
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in res.rows():
+        cells.setdefault((r["trace"], _table_name(r), r["host_speed"]), {})[r["policy"]] = r
+    rows = []
+    for (trace, name, speed), by in cells.items():
+        a, f = by.get("adaptive"), by.get("fixed")
+        if a is None:
+            continue
+        pa, ng = a["projection"], a["ngram"]
+        rows.append([
+            f"`{Path(trace).name.removesuffix('.jsonl.gz')}`", name, f"{speed:g}",
+            f"{a['tau']:.2f} / {'–' if f is None else format(f['tau'], '.2f')} / {a['ngram_tau']:.2f}",
+            f"{pa['speedup']:.2f}x", f"{a['vs_ngram']:.2f}x", "–" if f is None else f"{f['projection']['speedup']:.2f}x",
+            f"{ng['speedup']:.2f}x", pct(pa["host_ms"] / pa["ms"]), pct(ng["host_ms"] / ng["ms"]),
+            f"{pct(pa['plain_tail_share'])} / {pct(pa['tail_share'])}", f"{a['load_avg_1min']:.1f}",
+        ])  # fmt: skip
+    head = [
+        "trace",
+        "table",
+        "host x",
+        "tau: adaptive / fixed / NGRAM",
+        "adaptive / plain",
+        "adaptive / NGRAM",
+        "fixed / plain",
+    ]
+    head += ["NGRAM / plain", "host share: ours", "NGRAM", "tail share: plain / ours", "load"]
+    cmd = "python scripts/projection_matrix.py --out FILE --tables default,VERIFY_COST_FILE --budget 8"
+    return table(head, rows) + "\n" + source([res], doc, cmd) + "\n\n" + projection_aim(res.rows())
+
+
+def projection_aim(rows: list[dict]) -> str:
+    """Issue 54's aim on the long traces, per table at host speed 1 (adaptive), met or missed."""
+    t, lines = PROJECTION_TARGETS, []
+    for name in dict.fromkeys(_table_name(r) for r in rows):
+        long = [r for r in rows if _table_name(r) == name and r["policy"] == "adaptive" and r["host_speed"] == 1.0
+                and any(x in r["trace"] for x in LONG_TRACES)]  # fmt: skip
+        if not long:
+            continue
+        plain = min(r["projection"]["speedup"] for r in long)
+        ngram = min(r["vs_ngram"] for r in long)
+        lines.append(f"{name}: {plain:.2f}x plain (aim >= {t['plain']}x: {verdict(plain >= t['plain'])}), "
+                     f"{ngram:.2f}x NGRAM as deployed (aim >= {t['ngram']}x: {verdict(ngram >= t['ngram'])})")  # fmt: skip
+    return "Worst of the long traces at host speed 1 (adaptive), a PROJECTION: " + "; ".join(lines) + "."
 
 
 def render_engine(doc: Path) -> str:
@@ -725,9 +782,27 @@ def readme_pipe_rows() -> list[list[str]]:
     return [["idle, one-step overlap, W = 32", workload, f"{pct(sim)} / {pct(gate)}", target, "histopipe"]]
 
 
+def readme_projection_rows() -> list[list[str]]:
+    """Projected rollout time on the long traces, per table, at host speed 1 (adaptive): vs plain; vs NGRAM."""
+    rows, runs = [], find("projection").rows()
+    for name in dict.fromkeys(_table_name(r) for r in runs):
+        cells = [r for t in LONG_TRACES for r in runs if t in r["trace"] and _table_name(r) == name
+                 and r["policy"] == "adaptive" and r["host_speed"] == 1.0]  # fmt: skip
+        if not cells:
+            continue
+        plain = " / ".join(f"{r['projection']['speedup']:.2f}x" for r in cells)
+        ngram = " / ".join(f"{r['vs_ngram']:.2f}x" for r in cells)
+        workload = f"PROJECTION, {name}: " + " / ".join(f"`{t}`" for t in LONG_TRACES)
+        target = f"{PROJECTION_TARGETS['plain']}x; {PROJECTION_TARGETS['ngram']}x"
+        rows.append(["rollout time vs plain; vs NGRAM as deployed", workload, f"{plain}; {ngram}", target,
+                     "projected-rollout-time"])  # fmt: skip
+    return rows
+
+
 def readme_rows() -> list[list[str]]:
     """The README's results table: one short row per headline figure, the last cell a link to its section."""
-    rows = [*readme_drafting_rows(), *readme_engine_rows(), *readme_demo_rows(), *readme_pipe_rows()]
+    rows = [*readme_drafting_rows(), *readme_projection_rows(), *readme_engine_rows(), *readme_demo_rows(),
+            *readme_pipe_rows()]  # fmt: skip
     return [[*r[:-1], f"[{r[-1]}](docs/results.md#{r[-1]})"] for r in rows]
 
 
@@ -742,6 +817,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "drafting-toy": render_drafting_toy,
     "index": render_index,
     "draft-cost": render_draft_cost,
+    "projection": render_projection,
     "engine": render_engine,
     "engine-targets": render_engine_targets,
     "demo": render_demo,
@@ -821,6 +897,13 @@ RUNS = (
         + " ".join(DRAFT_TRACES)
         + "; do OMP_NUM_THREADS=1 histospec bench draft $t --batch 256 --budget 8 --json | tail -1 >> {out}; done; done",
         15,
+        "jsonl",
+    ),
+    Run(
+        "projection",
+        "python scripts/projection_matrix.py --out {out} --budget 8 --tables "
+        "default,$(ls docs/data/results/verify_cost_*.json | paste -sd,)",  # a committed GPU table joins by itself
+        25,
         "jsonl",
     ),
     Run(
