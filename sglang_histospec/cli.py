@@ -27,6 +27,7 @@ COMMAND_MODULES: dict[tuple[str, ...], str] = {
     ("bench", "index"): "sglang_histospec.commands.bench_index",
     ("bench", "draft"): "sglang_histospec.commands.bench_draft",
     ("bench", "engine"): "sglang_histospec.commands.bench_engine",
+    ("bench", "verify-cost"): "sglang_histospec.commands.bench_verify_cost",
     ("demo",): "sglang_histospec.commands.demo",
 }
 

@@ -33,7 +33,8 @@ from sglang_histospec.engine.types import EngineConfig, GenerateRequest, Generat
 from sglang_histospec.engine.verifier import verify
 
 
-def _resolve_device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` as a device, checked. Example: ``resolve_device("cpu")``."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -41,7 +42,9 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``"auto"`` (bfloat16 on CUDA, float32 elsewhere) or a dtype's name. Example: ``resolve_dtype("auto", cpu)``
+    is ``torch.float32``."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -81,8 +84,8 @@ class Engine:
         if not os.path.isdir(config.model_path):
             raise ValueError(f"model_path={config.model_path!r} is not a directory")
         self.config = config
-        self.device = _resolve_device(config.device)
-        self.dtype = _resolve_dtype(config.dtype, self.device)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         hf_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
         check_architecture(hf_config)
         model = AutoModelForCausalLM.from_pretrained(
