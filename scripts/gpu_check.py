@@ -8,10 +8,12 @@ and prints a short table. Sections:
 - ``greedy``: the tiny model's greedy tokens with and without HistoSpec, token for token (``draft_selection="always"``;
   the second round drafts from the first round's responses, now history).
 - ``gpu_tests``: the test files carrying the ``gpu`` marker, run by pytest in a subprocess; outcome per test.
-- ``forward``: seconds of one verify pass (the engine's ``TreeForward`` + logits + softmax, ``engine/profile.py``)
-  against verify rows per request, per model size (``models/shapes.py``, random weights) and batch; medians of
-  ``--repeats`` synchronised passes after a warm-up. A cell that would not fit in free memory, or in what is left of
-  ``--time-budget-s``, is skipped with its reason.
+- ``forward``: milliseconds of one verify pass (the engine's ``TreeForward`` + logits + softmax, timed by
+  ``engine/verify_table.py`` as ``histospec bench verify-cost`` times it) against verify rows per request, per model
+  size (``models/shapes.py``, random weights) and batch; medians of ``--repeats`` synchronised passes after a
+  warm-up. A cell that would not fit in free memory, or in what is left of ``--time-budget-s``, is skipped with its
+  reason. Each size's cells are also written as a ``--verify-cost`` table, ``verify_cost_<device>_<size>.json``
+  beside ``--out`` (``histospec replay --verify-cost FILE`` projects rollout time on it).
 - ``projection``: speedup ~ tau x t(1 row) / t(1+N rows) for the replayed tau of every committed trace at draft
   budget N (``docs/data/results/replay_*_histospec_*.jsonl``): a projection, not a measurement (drafting time and the cost
   cut left out; t at 1+N rows interpolated between measured rows, ``tk_from`` says which).
@@ -29,7 +31,6 @@ import gc
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,19 +50,22 @@ import torch  # noqa: E402
 from sglang_histospec.engine import EngineConfig, GenerateRequest, SamplingParams  # noqa: E402
 from sglang_histospec.engine.engine import Engine  # noqa: E402
 from sglang_histospec.engine.model import TreeForward  # noqa: E402
-from sglang_histospec.engine.profile import verify_pass  # noqa: E402
+from sglang_histospec.engine.verify_table import (  # noqa: E402
+    BATCHES,
+    MEMORY_HEADROOM,
+    ROWS,
+    Deadline,
+    VerifyTimingConfig,
+    free_bytes,
+    measured_table,
+    time_cells,
+)
 from sglang_histospec.models.shapes import SHAPES, parameter_count, random_model  # noqa: E402
 
 SIZES = ("0.5b", "1.5b", "8b")
-BATCHES = (1, 8, 32, 128, 256)
-ROWS = (1, 2, 4, 8, 16, 32)
 REPLAYS = "docs/data/results/replay_*_histospec_*.jsonl"
 """Exact replays of the default drafter of the committed traces (docs/results.md, drafting quality)."""
 TRACES = "docs/data/*.jsonl.gz"
-MEMORY_HEADROOM = 0.9
-"""A cell runs when its estimated bytes fit in this share of the free memory."""
-GROWTH = 2.5
-"""A cell is predicted to take at most this many times the previous cell's pass (rows double, or batch grows)."""
 MIN_SIZE_S = 60
 """A model size starts only with this many seconds of the budget left (building an 8B model takes some of them)."""
 EXTRAPOLATE = 0.125
@@ -127,16 +131,6 @@ class Report:
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.data, indent=1) + "\n")
-
-
-class Deadline:
-    """Seconds left of the time budget. Example: ``Deadline(60).left()`` is just under 60 right after."""
-
-    def __init__(self, budget_s: float) -> None:
-        self.end = time.monotonic() + budget_s
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
 
 
 def guarded(fn, *args, label: dict | None = None):
@@ -268,37 +262,13 @@ def _junit_outcomes(path: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------- forward
-def free_bytes(device: str) -> int:
-    """Bytes this process could still allocate on ``device`` (the allocator's cached free blocks included)."""
-    if device == "cpu":
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    torch.cuda.empty_cache()
-    free, _ = torch.cuda.mem_get_info(device)
-    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-
-
-def cache_bytes(size: str, batch: int, tokens: int, elt: int) -> int:
-    """The KV cache of ``batch`` requests of ``tokens`` tokens each."""
-    s = SHAPES[size]
-    return s.num_hidden_layers * 2 * batch * s.num_key_value_heads * tokens * s.head_dim * elt
-
-
-def pass_bytes(size: str, batch: int, rows: int, context: int, elt: int) -> int:
-    """A generous estimate of a verify pass's temporaries: layer activations, the attention's expanded keys,
-    scores and mask, and the logits (in ``elt``, as float32, and their softmax)."""
-    s = SHAPES[size]
-    r, t = batch * rows, context + rows
-    layer = r * (6 * s.hidden_size + 3 * s.intermediate_size) * elt
-    attention = batch * s.num_attention_heads * (2 * t * s.head_dim * elt + rows * t * 8) + batch * rows * t * elt
-    return layer + attention + r * s.vocab_size * (elt + 8)
-
-
 def time_forward(cfg: CheckConfig, size: str, deadline: Deadline, report: Report) -> dict:
-    """Every (batch, rows) cell of one model size into ``report.data["forward"][size]``, saved after each cell."""
-    elt = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
+    """Every (batch, rows) cell of one model size into ``report.data["forward"][size]``, saved after each cell
+    (``engine/verify_table.py``, as ``histospec bench verify-cost`` measures them), then the size's table in the
+    ``--verify-cost`` format beside ``--out`` (``verify_cost_file``)."""
+    elt = getattr(torch, cfg.dtype).itemsize
     result = report.data["forward"][size] = {"parameters": parameter_count(size), "cells": []}
-    weights = parameter_count(size) * elt
-    reason = _size_skip_reason(cfg, weights, deadline)
+    reason = _size_skip_reason(cfg, parameter_count(size) * elt, deadline)
     if reason:
         result["skipped"] = reason
         return result
@@ -306,14 +276,32 @@ def time_forward(cfg: CheckConfig, size: str, deadline: Deadline, report: Report
     fwd = TreeForward(random_model(size, device=cfg.device, dtype=cfg.dtype))
     _sync(cfg.device)
     result["build_s"] = round(time.monotonic() - started, 1)
-    last = [0.0]  # the previous measured pass, seconds
-    for batch in cfg.batches:
-        _time_batch(cfg, size, fwd, batch, deadline, result["cells"], last, report)
+
+    def saved(cells: list[dict]) -> None:
+        result["cells"] = cells
+        report.save()
+
+    timing = VerifyTimingConfig(cfg.batches, cfg.rows, cfg.context, cfg.repeats, cfg.warmup)
+    cells = time_cells(fwd, timing, deadline, on_cell=saved)
+    if any(c["status"] == "ok" for c in cells):
+        result["verify_cost_file"] = _write_table(cfg, size, cells)
     del fwd
     gc.collect()
     if cfg.device != "cpu":
         torch.cuda.empty_cache()
     return result
+
+
+def _write_table(cfg: CheckConfig, size: str, cells: list[dict]) -> str:
+    """The measured cells as a ``--verify-cost`` file ``verify_cost_<device>_<size>.json`` beside ``--out``."""
+    device = torch.cuda.get_device_name(cfg.device) if cfg.device != "cpu" else "cpu"
+    meta = {"model": f"shape {size}", "dtype": cfg.dtype, "device": device, "context": cfg.context,
+            "repeats": cfg.repeats, "warmup": cfg.warmup, "commit": _git_commit(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()), "source": "scripts/gpu_check.py"}  # fmt: skip
+    label = f"measured: shape {size}, {cfg.dtype} on {device}, context {cfg.context} ({meta['date']})"
+    path = Path(cfg.out).with_name(f"verify_cost_{cfg.device.replace(':', '')}_{size}.json")
+    path.write_text(json.dumps(measured_table(cells, label, meta).to_dict(), indent=1) + "\n")
+    return str(path)
 
 
 def _size_skip_reason(cfg: CheckConfig, weights: int, deadline: Deadline) -> str | None:
@@ -323,72 +311,6 @@ def _size_skip_reason(cfg: CheckConfig, weights: int, deadline: Deadline) -> str
     if deadline.left() < MIN_SIZE_S:
         return f"time budget: {max(0, deadline.left()):.0f} s left, {MIN_SIZE_S} s needed to build and time a model"
     return None
-
-
-def _time_batch(cfg, size, fwd, batch, deadline, cells, last, report) -> None:
-    """The cells of one batch size over one KV cache (random contents) of ``batch`` x (context + max rows)."""
-    elt = torch.empty((), dtype=fwd.dtype).element_size()
-    tokens = cfg.context + max(cfg.rows)
-    free = free_bytes(cfg.device)
-    if cache_bytes(size, batch, tokens, elt) > MEMORY_HEADROOM * free:
-        gib = cache_bytes(size, batch, tokens, elt) / 2**30
-        for rows in cfg.rows:
-            cells.append(
-                _skipped(batch, rows, f"KV cache {gib:.1f} GiB > {MEMORY_HEADROOM} x free {free / 2**30:.1f}")
-            )
-        report.save()
-        return
-    cache = fwd.new_cache(batch, tokens)
-    cache.ensure(batch, tokens)
-    cache.data.normal_()
-    for rows in cfg.rows:
-        cells.append(_time_cell(cfg, size, fwd, cache, batch, rows, deadline, last))
-        report.save()
-    del cache
-
-
-def _skipped(batch: int, rows: int, reason: str) -> dict:
-    return {"batch": batch, "rows": rows, "status": "skipped", "reason": reason}
-
-
-def _time_cell(cfg, size, fwd, cache, batch, rows, deadline, last) -> dict:
-    """Median seconds of ``cfg.repeats`` verify passes of ``batch`` requests x ``rows`` rows, after the warm-up."""
-    elt = torch.empty((), dtype=fwd.dtype).element_size()
-    need, free = pass_bytes(size, batch, rows, cfg.context, elt), free_bytes(cfg.device)
-    if need > MEMORY_HEADROOM * free:
-        return _skipped(batch, rows, f"pass ~{need / 2**30:.1f} GiB > {MEMORY_HEADROOM} x free {free / 2**30:.1f}")
-    predicted = (cfg.warmup + cfg.repeats) * last[0] * GROWTH
-    if predicted > deadline.left():
-        return _skipped(batch, rows, f"time budget: ~{predicted:.1f} s needed, {max(0, deadline.left()):.1f} s left")
-    if cfg.device != "cpu":
-        torch.cuda.reset_peak_memory_stats(cfg.device)
-    times, oom = [], None
-    try:
-        times = _timed_passes(cfg, fwd, cache, batch, rows)
-    except torch.OutOfMemoryError as exc:
-        oom = f"out of memory: {str(exc)[:160]}"
-    if oom:  # freed here, where the exception's frames no longer hold the pass's tensors
-        torch.cuda.empty_cache()
-        return {**_skipped(batch, rows, oom), "status": "oom"}
-    last[0] = statistics.median(times)
-    cell = {"batch": batch, "rows": rows, "status": "ok", "median_ms": round(1e3 * last[0], 4),
-            "times_ms": [round(1e3 * t, 4) for t in times]}  # fmt: skip
-    if cfg.device != "cpu":
-        cell["peak_gib"] = round(torch.cuda.max_memory_allocated(cfg.device) / 2**30, 2)
-    return cell
-
-
-def _timed_passes(cfg: CheckConfig, fwd, cache, batch: int, rows: int) -> list[float]:
-    for _ in range(cfg.warmup):
-        verify_pass(fwd, cache, batch, rows - 1, context=cfg.context)
-    times = []
-    for _ in range(cfg.repeats):
-        _sync(cfg.device)
-        started = time.perf_counter()
-        verify_pass(fwd, cache, batch, rows - 1, context=cfg.context)
-        _sync(cfg.device)
-        times.append(time.perf_counter() - started)
-    return times
 
 
 def _sync(device: str) -> None:

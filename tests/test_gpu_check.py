@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+from sglang_histospec.drafting.verify_cost import VerifyCostTable
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -59,9 +61,10 @@ def test_cpu_path_times_every_cell(cpu_run):
     assert [(c["batch"], c["rows"]) for c in cells] == [
         (b, r) for b in data["config"]["batches"] for r in data["config"]["rows"]
     ]
-    for cell in cells:
-        assert cell["status"] == "ok" and len(cell["times_ms"]) == data["config"]["repeats"]
-        assert cell["median_ms"] == sorted(cell["times_ms"])[len(cell["times_ms"]) // 2]
+    for cell in cells:  # a cell slower than one with more rows is timed once more (engine/verify_table.py)
+        repeats = data["config"]["repeats"] * (2 if cell.get("retimed") else 1)
+        assert cell["status"] == "ok" and len(cell["times_ms"]) == repeats
+        assert cell["median_ms"] == pytest.approx(statistics.median(cell["times_ms"]), abs=1e-4)
 
 
 def test_cpu_path_runs_the_gpu_marked_tests(cpu_run):
@@ -190,22 +193,9 @@ def _tiny_forward(tmp_path, **overrides):
     return gc_mod.time_forward(cfg, "tiny", gc_mod.Deadline(300.0), report)
 
 
-def test_a_cache_that_would_not_fit_skips_its_cells_with_the_figures(tmp_path):
-    result = _tiny_forward(tmp_path, batches=[256], rows=[1, 2], context=10**9)
-    assert [c["status"] for c in result["cells"]] == ["skipped", "skipped"]
-    assert all(c["reason"].startswith("KV cache") and "GiB > 0.9 x free" in c["reason"] for c in result["cells"])
-
-
-def test_an_out_of_memory_pass_is_recorded_and_the_next_cell_runs(tmp_path, monkeypatch):
-    real, calls = gc_mod._timed_passes, []
-
-    def first_runs_out(*args):  # a CPU cannot run out of device memory on demand
-        calls.append(args)
-        if len(calls) == 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return real(*args)
-
-    monkeypatch.setattr(gc_mod, "_timed_passes", first_runs_out)
-    result = _tiny_forward(tmp_path, batches=[1], rows=[1, 2], repeats=1)
-    assert [c["status"] for c in result["cells"]] == ["oom", "ok"]
-    assert result["cells"][0]["reason"].startswith("out of memory: CUDA out of memory")
+def test_each_size_writes_a_verify_cost_table_beside_the_report(tmp_path):
+    result = _tiny_forward(tmp_path, batches=[1, 2], rows=[1, 2], repeats=1)
+    table = VerifyCostTable.load(result["verify_cost_file"])
+    assert result["verify_cost_file"] == str(tmp_path / "verify_cost_cpu_tiny.json")
+    assert table.measured and table.meta["model"] == "shape tiny" and table.meta["cells"] == result["cells"]
+    assert sorted(table.ms) == [1, 2] and table.cost(1, 2) == 1.0

@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=defaults.context, help="cached tokens per request")
     parser.add_argument("--repeats", type=int, default=defaults.repeats, help="timed passes per cell (median)")
     parser.add_argument("--warmup", type=int, default=defaults.warmup, help="untimed passes per cell first")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     parser.add_argument("--time-budget-s", type=float, default=600.0, help="cells that would end later are skipped")
     parser.add_argument("--json", action="store_true", help="print one JSON summary on the last stdout line")
 
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     """The ``TreeForward`` of ``--model`` or ``--shape`` on ``--device``, and the table's ``meta``."""
+    import torch
 
     from sglang_histospec.engine.engine import resolve_device, resolve_dtype
     from sglang_histospec.engine.model import TreeForward, check_architecture
@@ -82,6 +84,10 @@ def _load(args: argparse.Namespace):
         raise ValueError(f"--device {args.device!r}; use cpu, cuda or cuda:N")
     if args.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype {args.dtype!r}; use auto, float32, bfloat16 or float16")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads {args.threads}; use 1 or more")
+        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -132,12 +138,17 @@ class _Writer:
     """``--out`` rewritten as a table after every cell (once at least one is measured), with progress."""
 
     def __init__(self, path: str, meta: dict, progress) -> None:
-        self.path, self.meta, self.progress = path, meta, progress
+        self.path, self.meta, self.progress, self.seen = path, meta, progress, 0
 
     def __call__(self, cells: list[dict]) -> None:
         c = cells[-1]
-        self.progress(f"batch {c['batch']} rows {c['rows']}: " + (
-            f"{c['median_ms']:.3f} ms" if c["status"] == "ok" else f"{c['status']} ({c['reason']})"))  # fmt: skip
+        if len(cells) == self.seen:
+            self.progress("timed once more: a cell slower than one with more rows")
+        elif c["status"] == "ok":
+            self.progress(f"batch {c['batch']} rows {c['rows']}: {c['median_ms']:.3f} ms")
+        else:
+            self.progress(f"batch {c['batch']} rows {c['rows']}: {c['status']} ({c['reason']})")
+        self.seen = len(cells)
         if any(c["status"] == "ok" for c in cells):
             self.write(cells)
 

@@ -3,7 +3,8 @@
 Each cell is the median of ``repeats`` synchronised passes (``engine/profile.py``'s ``verify_pass``: the forward
 over ``batch x rows`` query rows after ``context`` cached keys, the logits and their softmax) after ``warmup``
 untimed ones. A cell that would not fit in free memory, or in what is left of the time budget, is skipped with
-its reason; a device out of memory is recorded and the next cell runs. ``histospec bench verify-cost`` and
+its reason; a device out of memory is recorded and the next cell runs; a cell slower than one of more rows is
+timed once more at the end. ``histospec bench verify-cost`` and
 ``scripts/gpu_check.py`` run it; ``measured_table`` turns the cells into the ``--verify-cost`` file format.
 
 Example::
@@ -34,6 +35,8 @@ MEMORY_HEADROOM = 0.9
 """A cell runs when its estimated bytes fit in this share of the free memory."""
 GROWTH = 2.5
 """A cell is predicted to take at most this many times the previous cell's pass (rows double, or batch grows)."""
+ORDER_SLACK = 1.1
+"""A cell is out of order when its median exceeds this many times that of a cell of the same batch with more rows."""
 
 
 @dataclass(slots=True)
@@ -112,7 +115,39 @@ def time_cells(
     last = [0.0]  # the previous measured pass, seconds
     for batch in cfg.batches:
         _time_batch(fwd, cfg, batch, deadline, cells, last, on_cell or (lambda _: None))
+    _retime_out_of_order(fwd, cfg, cells, deadline, on_cell or (lambda _: None))
     return cells
+
+
+def out_of_order(cells: list[dict]) -> list[int]:
+    """Indices of ``ok`` cells slower (by more than ``ORDER_SLACK``) than a cell of the same batch with more rows:
+    a pass never gets cheaper with more rows, so such a median was disturbed (another process, a clock change).
+    Example: at batch 4, rows 1, 2, 4 timed 9.0, 2.0, 3.0 ms give ``[0]``."""
+    out = []
+    for i, c in enumerate(cells):
+        if c["status"] == "ok" and any(
+            d["status"] == "ok"
+            and d["batch"] == c["batch"]
+            and d["rows"] > c["rows"]
+            and ORDER_SLACK * d["median_ms"] < c["median_ms"]
+            for d in cells
+        ):
+            out.append(i)
+    return out
+
+
+def _retime_out_of_order(fwd, cfg, cells, deadline, on_cell) -> None:
+    """Each out-of-order cell timed once more (while the budget lasts); its median is then over both rounds'
+    passes (``retimed``: true)."""
+    for i in out_of_order(cells):
+        c = cells[i]
+        if (cfg.warmup + cfg.repeats) * c["median_ms"] / 1e3 > deadline.left():
+            continue
+        cache = fwd.new_cache(c["batch"], cfg.context + max(cfg.rows))
+        cache.ensure(c["batch"], cfg.context + max(cfg.rows))
+        times = c["times_ms"] + [round(1e3 * t, 4) for t in timed_passes(fwd, cache, c["batch"], c["rows"], cfg)]
+        cells[i] = {**c, "median_ms": round(statistics.median(times), 4), "times_ms": times, "retimed": True}
+        on_cell(cells)
 
 
 def _time_batch(fwd, cfg, batch, deadline, cells, last, on_cell) -> None:
@@ -220,6 +255,7 @@ __all__ = [
     "cache_bytes",
     "free_bytes",
     "measured_table",
+    "out_of_order",
     "pass_bytes",
     "time_cells",
     "timed_passes",
