@@ -8,6 +8,10 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace histospec {
 namespace anchors {
 
@@ -54,7 +58,7 @@ double rerank_logit(const std::vector<double>& w, const PendingNode& nd, double 
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
-int32_t score_bin(double raw) {  // how many score edges lie below raw: a branchless search of 16 sorted slots
+int32_t score_bin(double raw) {  // how many score edges lie below raw: 16 sorted slots, compared at once
   static constexpr std::array<double, 16> edges = [] {  // kScoreEdges padded with +inf
     std::array<double, 16> out{};
     for (size_t i = 0; i < out.size(); ++i)
@@ -62,9 +66,18 @@ int32_t score_bin(double raw) {  // how many score edges lie below raw: a branch
     return out;
   }();
   static_assert(kScoreEdges.size() < 16, "the search covers 16 slots");
-  int32_t c = 0;
+#if defined(__SSE2__)
+  // Eight compares of two slots, no dependent loads: each true compare (all ones, -1) adds 1 to its lane.
+  const __m128d x = _mm_set1_pd(raw);
+  __m128i below = _mm_setzero_si128();
+  for (size_t i = 0; i < edges.size(); i += 2)
+    below = _mm_sub_epi64(below, _mm_castpd_si128(_mm_cmplt_pd(_mm_loadu_pd(edges.data() + i), x)));
+  return _mm_cvtsi128_si32(below) + _mm_cvtsi128_si32(_mm_unpackhi_epi64(below, below));
+#else
+  int32_t c = 0;  // a branchless binary search
   for (int32_t step = 8; step > 0; step /= 2) c += edges[c + step - 1] < raw ? step : 0;
   return c;
+#endif
 }
 
 // [kDepthMax] RATE_PRIOR ** (d + 1) by repeated products, as np.cumprod computes it.
@@ -179,7 +192,74 @@ std::shared_ptr<const Corpus> Corpus::build(const std::vector<Span>& seqs, const
     for (int64_t j = 1; j < s.size; ++j)
       c->postings_[c->table_.insert(s.data[j - 1]).hi++] = {si, static_cast<int32_t>(j)};
   }
+  c->build_pairs();
   return c;
+}
+
+uint32_t PairTable::probe(int32_t a, int32_t b) const {
+  const uint32_t mask = static_cast<uint32_t>(slots_.size() - 1);
+  uint32_t h = hash(a, b) & mask;
+  while (!(slots_[h].a == a && slots_[h].b == b) && slots_[h].a != -1) h = (h + 1) & mask;
+  return h;
+}
+
+const PairTable::Slot* PairTable::find(int32_t a, int32_t b) const {
+  const Slot& e = slots_[probe(a, b)];
+  return e.a == a && e.b == b ? &e : nullptr;
+}
+
+PairTable::Slot& PairTable::insert(int32_t a, int32_t b) {
+  uint32_t h = probe(a, b);
+  if (slots_[h].a == a && slots_[h].b == b) return slots_[h];
+  if (2 * (used_ + 1) > static_cast<int64_t>(slots_.size())) {  // grow: re-insert every slot into twice the room
+    std::vector<Slot> old(2 * slots_.size(), Slot{-1, 0, 0, 0});
+    old.swap(slots_);
+    used_ = 0;
+    for (const Slot& e : old)
+      if (e.a != -1) insert(e.a, e.b) = e;
+    h = probe(a, b);
+  }
+  ++used_;
+  return slots_[h] = Slot{a, b, 0, 0};
+}
+
+namespace {
+
+// Groups items by pair: visit(fn) calls fn(a, b, item) for every item, twice and in the same order; the items of a
+// pair end up in out[lo, hi) of its slot, in visiting order.
+template <typename Item, typename Visit>
+void group_pairs(Visit visit, PairTable& table, std::vector<Item>& out) {
+  visit([&](int32_t a, int32_t b, const Item&) { ++table.insert(a, b).hi; });
+  int32_t offset = 0;
+  for (PairTable::Slot& e : table.slots()) {
+    e.lo = offset;
+    offset += e.hi;
+    e.hi = e.lo;
+  }
+  out.resize(offset);
+  visit([&](int32_t a, int32_t b, const Item& item) { out[table.insert(a, b).hi++] = item; });
+}
+
+}  // namespace
+
+void Corpus::build_pairs() {
+  auto visit = [&](auto&& fn) {  // each token's kScan newest postings with a token before them, newest first
+    for (const TokenTable::Slot& e : table_.slots()) {
+      if (e.token == -1) continue;
+      for (int32_t k = e.hi - 1; k >= std::max(e.lo, e.hi - kScan); --k) {
+        const Posting& p = postings_[k];
+        if (p.j >= 2) fn(sequence(p.seq).data[p.j - 2], e.token, RankedPosting{p, e.hi - 1 - k});
+      }
+    }
+  };
+  group_pairs<RankedPosting>(visit, pair_table_, pairs_);
+}
+
+std::pair<const Corpus::RankedPosting*, const Corpus::RankedPosting*> Corpus::pair_postings(int32_t a,
+                                                                                            int32_t b) const {
+  const PairTable::Slot* e = pair_table_.find(a, b);
+  if (!e) return {nullptr, nullptr};
+  return {pairs_.data() + e->lo, pairs_.data() + e->hi};
 }
 
 std::pair<const Posting*, const Posting*> Corpus::postings(int32_t token) const {
@@ -207,8 +287,33 @@ std::shared_ptr<const CorpusDirectory> CorpusDirectory::build(CorpusList list) {
       if (e.token != -1 && e.hi > e.lo)
         d->runs_[d->table_.insert(e.token).hi++] = {&c, c.posting_data() + e.lo, c.posting_data() + e.hi};
   }
+  d->build_pairs();
   d->list_ = std::move(list);
   return d;
+}
+
+void CorpusDirectory::build_pairs() {
+  auto visit = [&](auto&& fn) {  // each token's kScan first postings in scan order, those with a token before them
+    for (const TokenTable::Slot& e : table_.slots()) {
+      if (e.token == -1) continue;
+      int32_t seen = 0;
+      for (int32_t r = e.lo; r < e.hi && seen < kScan; ++r) {
+        const PostingRun& run = runs_[r];
+        for (const Posting* p = run.hi; p != run.lo && seen < kScan; ++seen) {
+          --p;
+          if (p->j >= 2) fn(run.corpus->sequence(p->seq).data[p->j - 2], e.token, PairRef{run.corpus, *p});
+        }
+      }
+    }
+  };
+  group_pairs<PairRef>(visit, pair_table_, pairs_);
+}
+
+std::pair<const CorpusDirectory::PairRef*, const CorpusDirectory::PairRef*> CorpusDirectory::pair_postings(
+    int32_t a, int32_t b) const {
+  const PairTable::Slot* e = pair_table_.find(a, b);
+  if (!e) return {nullptr, nullptr};
+  return {pairs_.data() + e->lo, pairs_.data() + e->hi};
 }
 
 std::pair<const PostingRun*, const PostingRun*> CorpusDirectory::runs(int32_t token) const {
@@ -219,13 +324,15 @@ std::pair<const PostingRun*, const PostingRun*> CorpusDirectory::runs(int32_t to
 
 size_t CorpusDirectory::memory_bytes() const {
   return sizeof(CorpusDirectory) + runs_.capacity() * sizeof(PostingRun) +
-         table_.slots().capacity() * sizeof(TokenTable::Slot);
+         table_.slots().capacity() * sizeof(TokenTable::Slot) + pairs_.capacity() * sizeof(PairRef) +
+         pair_table_.slots().capacity() * sizeof(PairTable::Slot);
 }
 
 size_t Corpus::memory_bytes() const {
   return sizeof(Corpus) + tokens_.capacity() * sizeof(int32_t) + starts_.capacity() * sizeof(int64_t) +
          wclass_.capacity() + postings_.capacity() * sizeof(Posting) +
-         table_.slots().capacity() * sizeof(TokenTable::Slot);
+         table_.slots().capacity() * sizeof(TokenTable::Slot) + pairs_.capacity() * sizeof(RankedPosting) +
+         pair_table_.slots().capacity() * sizeof(PairTable::Slot);
 }
 
 std::string Corpus::check_integrity() const {
@@ -249,7 +356,32 @@ std::string Corpus::check_integrity() const {
     }
     grouped += e.hi - e.lo;
   }
-  return grouped == expected ? "" : "the token table misses postings";
+  if (grouped != expected) return "the token table misses postings";
+  return check_pairs();
+}
+
+std::string Corpus::check_pairs() const {
+  int64_t expected = 0;  // each token's kScan newest postings with a token before them
+  for (const TokenTable::Slot& e : table_.slots()) {
+    if (e.token == -1) continue;
+    for (int32_t k = std::max(e.lo, e.hi - kScan); k < e.hi; ++k) expected += postings_[k].j >= 2;
+  }
+  int64_t grouped = 0;
+  for (const PairTable::Slot& e : pair_table_.slots()) {
+    if (e.a == -1) continue;
+    if (pair_table_.find(e.a, e.b) != &e) return "the pair table loses a pair";
+    const TokenTable::Slot* b = table_.find(e.b);
+    for (int32_t k = e.lo; k < e.hi; ++k) {
+      const RankedPosting& q = pairs_[k];
+      if (!b || q.rank < 0 || q.rank >= std::min(kScan, b->hi - b->lo)) return "a pair posting has a wrong rank";
+      const Posting& p = postings_[b->hi - 1 - q.rank];
+      if (p.seq != q.posting.seq || p.j != q.posting.j || p.j < 2 || sequence(p.seq).data[p.j - 2] != e.a)
+        return "a pair posting of (" + std::to_string(e.a) + ", " + std::to_string(e.b) + ") points elsewhere";
+      if (k > e.lo && pairs_[k - 1].rank >= q.rank) return "pair postings are not newest first";
+    }
+    grouped += e.hi - e.lo;
+  }
+  return grouped == expected ? "" : "the pair table misses postings";
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -429,11 +561,33 @@ inline bool scan_run(Scan& sc, int32_t s, int32_t kind, int32_t lmin, const Post
   return true;
 }
 
+// scan_corpora where a candidate matches at least two tokens: of the key's postings, only those that the token before
+// it in the context precedes (Corpus::pair_postings); `seen` counts the key's postings of the newer corpora.
+void scan_corpus_pairs(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, const CorpusPtr* last) {
+  if (sc.n < 2 + kind) return;
+  const int32_t key = sc.ctx[sc.n - 1 - kind], before = sc.ctx[sc.n - 2 - kind], lmin = min_length(sc, s, kind);
+  int32_t seen = 0;
+  for (const CorpusPtr* it = last; it != first && seen < kScan;) {
+    const Corpus& corpus = **--it;
+    const auto [lo, hi] = corpus.postings(key);
+    if (lo == hi) continue;
+    const auto [plo, phi] = corpus.pair_postings(before, key);
+    for (const Corpus::RankedPosting* q = plo; q != phi && q->rank < kScan - seen; ++q) {
+      if (phi - q > kPrefetch) corpus.prefetch(q[kPrefetch].posting);
+      const Posting& p = q->posting;
+      const Span seq = corpus.sequence(p.seq);
+      consider(sc, s, kind, seq.data, seq.size, p.j, lmin, s == kHistory ? corpus.wclass(p.seq) : 0);
+    }
+    seen += static_cast<int32_t>(hi - lo);
+  }
+}
+
 // One source and kind over corpora [first, last), newest (last) first: of the kScan newest positions after
 // ctx[n - 1 - kind], those matching at least the source's minimum length.
 void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, const CorpusPtr* last) {
   if (sc.n < 1 + kind) return;
   const int32_t key = sc.ctx[sc.n - 1 - kind], lmin = min_length(sc, s, kind);
+  if (lmin >= 2) return scan_corpus_pairs(sc, s, kind, first, last);
   int32_t seen = 0;
   for (const CorpusPtr* it = last; it != first;) {
     const Corpus& corpus = **--it;
@@ -446,6 +600,16 @@ void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, con
 void scan_directory(Scan& sc, int32_t s, int32_t kind, const CorpusDirectory& dir) {
   if (sc.n < 1 + kind) return;
   const int32_t key = sc.ctx[sc.n - 1 - kind], lmin = min_length(sc, s, kind);
+  if (lmin >= 2) {  // only the key's postings that the token before it in the context precedes
+    if (sc.n < 2 + kind) return;
+    const auto [lo, hi] = dir.pair_postings(sc.ctx[sc.n - 2 - kind], key);
+    for (const CorpusDirectory::PairRef* q = lo; q != hi; ++q) {
+      if (hi - q > kPrefetch) q[kPrefetch].corpus->prefetch(q[kPrefetch].posting);
+      const Span seq = q->corpus->sequence(q->posting.seq);
+      consider(sc, s, kind, seq.data, seq.size, q->posting.j, lmin, 0);
+    }
+    return;
+  }
   int32_t seen = 0;
   const auto [first, last] = dir.runs(key);
   for (const PostingRun* run = first; run != last; ++run)
@@ -1058,8 +1222,7 @@ void collect(const Config& cfg, const Learnt& learnt, const Request& req, const 
 // The best kMaxAnchors by learnt first-token rate (a rewritten copy whose continuation does not change is no
 // anchor); each continuation's nodes multiply their miss by (1 - rate), building the trie into the pending draft p.
 void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s, int32_t budget, Pending& p) {
-  auto worse = [](const Key& a, const Key& b) { return selected_before(b, a); };
-  std::make_heap(s.keys.begin(), s.keys.end(), worse);  // best first: popped in the reference's sorted order
+  std::sort(s.keys.begin(), s.keys.end(), selected_before);  // best first: the reference's sorted order
   const int64_t reach = std::min(budget, kDepthMax);
   p.reach = static_cast<int32_t>(reach);
   Trie& t = s.trie;
@@ -1074,10 +1237,9 @@ void build_trie(const Learnt& learnt, const int32_t* ctx, int64_t n, Scratch& s,
     prefetch_line(f.seq + f.j);
   };
   if (!s.keys.empty()) prefetch(s.keys.front());
-  for (auto end = s.keys.end(); end != s.keys.begin() && p.anchors.size() < kMaxAnchors; --end) {
-    std::pop_heap(s.keys.begin(), end, worse);
-    if (end - 1 != s.keys.begin()) prefetch(s.keys.front());
-    const Found& f = s.found[(end - 1)->index];
+  for (size_t i = 0; i < s.keys.size() && p.anchors.size() < kMaxAnchors; ++i) {
+    if (i + 1 < s.keys.size()) prefetch(s.keys[i + 1]);
+    const Found& f = s.found[s.keys[i].index];
     const int64_t len = std::min(reach, f.seq_len - f.j);
     const int32_t* cont = f.seq + f.j;
     if (f.rewritten) {

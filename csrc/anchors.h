@@ -120,6 +120,29 @@ class TokenTable {
   int64_t used_ = 0;
 };
 
+// Open-addressing hash table token pair (a, b) -> a range [lo, hi) of an array (at most half full; grows).
+class PairTable {
+ public:
+  struct Slot {
+    int32_t a, b;  // a = -1: empty
+    int32_t lo, hi;
+  };
+  const Slot* find(int32_t a, int32_t b) const;
+  Slot& insert(int32_t a, int32_t b);  // the pair's slot, added with lo = hi = 0 when missing
+  std::vector<Slot>& slots() { return slots_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+
+ private:
+  uint32_t probe(int32_t a, int32_t b) const;  // the pair's slot, or the empty one where it would go
+  static uint32_t hash(int32_t a, int32_t b) {
+    const uint64_t k = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b));
+    const uint64_t h = k * 0x9e3779b97f4a7c15ull;
+    return static_cast<uint32_t>(h >> 32);
+  }
+  std::vector<Slot> slots_ = std::vector<Slot>(16, Slot{-1, 0, 0, 0});
+  int64_t used_ = 0;
+};
+
 // Immutable sequences (oldest first) with weight classes and postings token -> [(seq, j)], oldest first.
 class Corpus {
  public:
@@ -137,11 +160,18 @@ class Corpus {
   }
   // Postings of `token`, oldest first (empty when it never precedes a token).
   std::pair<const Posting*, const Posting*> postings(int32_t token) const;
+  struct RankedPosting {
+    Posting posting;
+    int32_t rank;  // among the postings of its token, newest first (0: the newest)
+  };
+  // Of the kScan newest postings of b, those that a precedes (seqs[seq][j - 2] == a), newest first: a scan whose
+  // candidates match at least two tokens reads only these.
+  std::pair<const RankedPosting*, const RankedPosting*> pair_postings(int32_t a, int32_t b) const;
   const TokenTable& table() const { return table_; }
   const Posting* posting_data() const { return postings_.data(); }
 
   size_t memory_bytes() const;
-  std::string check_integrity() const;  // debug: "" when every posting points at its token
+  std::string check_integrity() const;  // debug: "" when every posting (and pair posting) points at its token
 
  private:
   std::vector<int32_t> tokens_;    // [tokens] the sequences concatenated
@@ -149,6 +179,10 @@ class Corpus {
   std::vector<int8_t> wclass_;     // [seqs] 0 if 2w > wmax, 1 if 4w > wmax, else 2
   std::vector<Posting> postings_;  // [tokens - nonempty seqs] grouped by token, oldest first within a group
   TokenTable table_;               // token -> its group postings_[lo, hi)
+  std::vector<RankedPosting> pairs_;  // grouped by pair, newest first within a group
+  PairTable pair_table_;           // (a, b) -> its group pairs_[lo, hi)
+  void build_pairs();
+  std::string check_pairs() const;
 };
 
 using CorpusPtr = std::shared_ptr<const Corpus>;
@@ -168,12 +202,21 @@ class CorpusDirectory {
   const CorpusList& list() const { return list_; }
   // The runs of `token`, newest corpus first (empty when no corpus has it).
   std::pair<const PostingRun*, const PostingRun*> runs(int32_t token) const;
+  struct PairRef {  // one posting of a pair
+    const Corpus* corpus;
+    Posting posting;
+  };
+  // Of the kScan first postings of b in runs(b)'s order, those that a precedes, in that order.
+  std::pair<const PairRef*, const PairRef*> pair_postings(int32_t a, int32_t b) const;
   size_t memory_bytes() const;
 
  private:
   CorpusList list_;
   std::vector<PostingRun> runs_;  // grouped by token, newest corpus first within a group
   TokenTable table_;              // token -> its group runs_[lo, hi)
+  std::vector<PairRef> pairs_;    // grouped by pair, in scan order within a group
+  PairTable pair_table_;          // (a, b) -> its group pairs_[lo, hi)
+  void build_pairs();
 };
 
 using DirectoryPtr = std::shared_ptr<const CorpusDirectory>;

@@ -237,6 +237,31 @@ def test_scan_cap_and_long_learning():
     check_both(ref, nat)
 
 
+@pytest.mark.parametrize("min_match", [1, 2, 3])
+def test_scan_cap_over_many_corpora(min_match):
+    """SCAN positions of a key spread over many sibling and global corpora: the scans that need two matched tokens
+    (substitutions, global, min_match >= 2) read the pair postings, whose cap counts the newer corpora's positions."""
+    rng = random.Random(11 + min_match)
+    kwargs = dict(min_match=min_match, max_match=32, prompt_tail=2, sources=("history", "siblings", "global"))
+    ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
+    seqs = [[rng.randrange(3) for _ in range(rng.randrange(40, 80))] for _ in range(40)]
+    assert sum(s.count(0) for s in seqs[:20]) > SCAN and sum(s.count(0) for s in seqs[20:]) > SCAN
+    for idx in (ref, nat):
+        idx.set_history("p", _arrays(seqs[:3]), [WEIGHT_ONE] * 3)
+        for s in seqs[:20]:
+            idx.add_sibling("p", _arrays([s])[0], WEIGHT_ONE)
+        for key in range(20):
+            idx.add_global(key, _arrays(seqs[20 + key : 21 + key]), [WEIGHT_ONE])
+        idx.start("r", "p", [1, 0, 2])
+    truth = [rng.randrange(3) for _ in range(300)]
+    for pos in range(0, len(truth), 3):
+        expected = ref.draft_batch(["r"], [8])
+        assert nat.draft_batch(["r"], [8]) == expected
+        for idx in (ref, nat):
+            idx.extend("r", truth[pos : pos + 3])
+    check_both(ref, nat)
+
+
 def test_running_scan_cap_and_lockstep_learning():
     """Three running siblings in lockstep, each past SCAN positions of a key token: the cap counts positions over
     all of them, newest started first, and both backends learn the running classes identically."""
