@@ -243,9 +243,9 @@ void group_pairs(Visit visit, PairTable& table, std::vector<Item>& out) {
 }  // namespace
 
 void Corpus::build_pairs() {
-  auto visit = [&](auto&& fn) {  // each token's kScan newest postings with a token before them, newest first
+  auto visit = [&](auto&& fn) {  // each frequent token's kScan newest postings with a token before them, newest first
     for (const TokenTable::Slot& e : table_.slots()) {
-      if (e.token == -1) continue;
+      if (e.token == -1 || e.hi - e.lo <= kPairMin) continue;
       for (int32_t k = e.hi - 1; k >= std::max(e.lo, e.hi - kScan); --k) {
         const Posting& p = postings_[k];
         if (p.j >= 2) fn(sequence(p.seq).data[p.j - 2], e.token, RankedPosting{p, e.hi - 1 - k});
@@ -293,9 +293,9 @@ std::shared_ptr<const CorpusDirectory> CorpusDirectory::build(CorpusList list) {
 }
 
 void CorpusDirectory::build_pairs() {
-  auto visit = [&](auto&& fn) {  // each token's kScan first postings in scan order, those with a token before them
+  auto visit = [&](auto&& fn) {  // each frequent token's kScan first postings in scan order, with a token before them
     for (const TokenTable::Slot& e : table_.slots()) {
-      if (e.token == -1) continue;
+      if (e.token == -1 || !has_pairs(e.token)) continue;
       int32_t seen = 0;
       for (int32_t r = e.lo; r < e.hi && seen < kScan; ++r) {
         const PostingRun& run = runs_[r];
@@ -314,6 +314,13 @@ std::pair<const CorpusDirectory::PairRef*, const CorpusDirectory::PairRef*> Corp
   const PairTable::Slot* e = pair_table_.find(a, b);
   if (!e) return {nullptr, nullptr};
   return {pairs_.data() + e->lo, pairs_.data() + e->hi};
+}
+
+bool CorpusDirectory::has_pairs(int32_t b) const {
+  const auto [first, last] = runs(b);
+  int64_t count = 0;
+  for (const PostingRun* run = first; run != last && count <= kPairMin; ++run) count += run->hi - run->lo;
+  return count > kPairMin;
 }
 
 std::pair<const PostingRun*, const PostingRun*> CorpusDirectory::runs(int32_t token) const {
@@ -361,9 +368,9 @@ std::string Corpus::check_integrity() const {
 }
 
 std::string Corpus::check_pairs() const {
-  int64_t expected = 0;  // each token's kScan newest postings with a token before them
+  int64_t expected = 0;  // each frequent token's kScan newest postings with a token before them
   for (const TokenTable::Slot& e : table_.slots()) {
-    if (e.token == -1) continue;
+    if (e.token == -1 || e.hi - e.lo <= kPairMin) continue;
     for (int32_t k = std::max(e.lo, e.hi - kScan); k < e.hi; ++k) expected += postings_[k].j >= 2;
   }
   int64_t grouped = 0;
@@ -373,7 +380,8 @@ std::string Corpus::check_pairs() const {
     const TokenTable::Slot* b = table_.find(e.b);
     for (int32_t k = e.lo; k < e.hi; ++k) {
       const RankedPosting& q = pairs_[k];
-      if (!b || q.rank < 0 || q.rank >= std::min(kScan, b->hi - b->lo)) return "a pair posting has a wrong rank";
+      if (!b || b->hi - b->lo <= kPairMin) return "a token of few postings has pair postings";
+      if (q.rank < 0 || q.rank >= std::min(kScan, b->hi - b->lo)) return "a pair posting has a wrong rank";
       const Posting& p = postings_[b->hi - 1 - q.rank];
       if (p.seq != q.posting.seq || p.j != q.posting.j || p.j < 2 || sequence(p.seq).data[p.j - 2] != e.a)
         return "a pair posting of (" + std::to_string(e.a) + ", " + std::to_string(e.b) + ") points elsewhere";
@@ -571,6 +579,10 @@ void scan_corpus_pairs(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first
     const Corpus& corpus = **--it;
     const auto [lo, hi] = corpus.postings(key);
     if (lo == hi) continue;
+    if (hi - lo <= kPairMin) {  // no pair postings: walk them (they are few)
+      if (!scan_run(sc, s, kind, lmin, {&corpus, lo, hi}, seen)) return;
+      continue;
+    }
     const auto [plo, phi] = corpus.pair_postings(before, key);
     for (const Corpus::RankedPosting* q = plo; q != phi && q->rank < kScan - seen; ++q) {
       if (phi - q > kPrefetch) corpus.prefetch(q[kPrefetch].posting);
@@ -600,7 +612,7 @@ void scan_corpora(Scan& sc, int32_t s, int32_t kind, const CorpusPtr* first, con
 void scan_directory(Scan& sc, int32_t s, int32_t kind, const CorpusDirectory& dir) {
   if (sc.n < 1 + kind) return;
   const int32_t key = sc.ctx[sc.n - 1 - kind], lmin = min_length(sc, s, kind);
-  if (lmin >= 2) {  // only the key's postings that the token before it in the context precedes
+  if (lmin >= 2 && dir.has_pairs(key)) {  // only the key's postings that the token before it in the context precedes
     if (sc.n < 2 + kind) return;
     const auto [lo, hi] = dir.pair_postings(sc.ctx[sc.n - 2 - kind], key);
     for (const CorpusDirectory::PairRef* q = lo; q != hi; ++q) {

@@ -36,6 +36,7 @@ namespace anchors {
 
 constexpr int32_t kDepthMax = 32;       // DEPTH_MAX: deepest drafted node, and tokens after a draft it learns from
 constexpr int32_t kScan = 256;          // SCAN: candidate positions examined per source and kind
+constexpr int32_t kPairMin = 32;  // a token gets pair postings only with more postings than this (fewer: walked)
 constexpr int32_t kMaxAnchors = 48;     // MAX_ANCHORS: anchors per draft
 constexpr int32_t kHamWindow = 16;      // HAM_WINDOW: aligned tokens compared for the agreement feature
 constexpr int32_t kSubMinMatch = 2;     // SUB_MIN_MATCH
@@ -165,7 +166,8 @@ class Corpus {
     int32_t rank;  // among the postings of its token, newest first (0: the newest)
   };
   // Of the kScan newest postings of b, those that a precedes (seqs[seq][j - 2] == a), newest first: a scan whose
-  // candidates match at least two tokens reads only these.
+  // candidates match at least two tokens reads only these. Only for a b of more than kPairMin postings (a scan
+  // walks the others whole).
   std::pair<const RankedPosting*, const RankedPosting*> pair_postings(int32_t a, int32_t b) const;
   const TokenTable& table() const { return table_; }
   const Posting* posting_data() const { return postings_.data(); }
@@ -206,8 +208,10 @@ class CorpusDirectory {
     const Corpus* corpus;
     Posting posting;
   };
-  // Of the kScan first postings of b in runs(b)'s order, those that a precedes, in that order.
+  // Of the kScan first postings of b in runs(b)'s order, those that a precedes, in that order; only for a b of
+  // more than kPairMin postings over all corpora (has_pairs).
   std::pair<const PairRef*, const PairRef*> pair_postings(int32_t a, int32_t b) const;
+  bool has_pairs(int32_t b) const;  // whether b has more than kPairMin postings over all corpora
   size_t memory_bytes() const;
 
  private:

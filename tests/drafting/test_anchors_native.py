@@ -238,13 +238,15 @@ def test_scan_cap_and_long_learning():
 
 
 @pytest.mark.parametrize("min_match", [1, 2, 3])
-def test_scan_cap_over_many_corpora(min_match):
+@pytest.mark.parametrize("lengths", [(40, 80), (110, 160)])  # a sibling's token: walked (<= 32 postings) or paired
+def test_scan_cap_over_many_corpora(min_match, lengths):
     """SCAN positions of a key spread over many sibling and global corpora: the scans that need two matched tokens
-    (substitutions, global, min_match >= 2) read the pair postings, whose cap counts the newer corpora's positions."""
+    (substitutions, global, min_match >= 2) read the pair postings of a token with more than 32 postings in its
+    corpus (and walk the others), under a cap that counts the newer corpora's positions."""
     rng = random.Random(11 + min_match)
     kwargs = dict(min_match=min_match, max_match=32, prompt_tail=2, sources=("history", "siblings", "global"))
     ref, nat = AnchorIndex(**kwargs), NativeAnchorIndex(**kwargs)
-    seqs = [[rng.randrange(3) for _ in range(rng.randrange(40, 80))] for _ in range(40)]
+    seqs = [[rng.randrange(3) for _ in range(rng.randrange(*lengths))] for _ in range(40)]
     assert sum(s.count(0) for s in seqs[:20]) > SCAN and sum(s.count(0) for s in seqs[20:]) > SCAN
     for idx in (ref, nat):
         idx.set_history("p", _arrays(seqs[:3]), [WEIGHT_ONE] * 3)
