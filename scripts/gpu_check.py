@@ -57,7 +57,7 @@ from sglang_histospec.engine.verify_table import (  # noqa: E402
     Deadline,
     VerifyTimingConfig,
     free_bytes,
-    measured_table,
+    save_table,
     time_cells,
 )
 from sglang_histospec.models.shapes import SHAPES, parameter_count, random_model  # noqa: E402
@@ -298,9 +298,8 @@ def _write_table(cfg: CheckConfig, size: str, cells: list[dict]) -> str:
     meta = {"model": f"shape {size}", "dtype": cfg.dtype, "device": device, "context": cfg.context,
             "repeats": cfg.repeats, "warmup": cfg.warmup, "commit": _git_commit(),
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "source": "scripts/gpu_check.py"}  # fmt: skip
-    label = f"measured: shape {size}, {cfg.dtype} on {device}, context {cfg.context} ({meta['date']})"
     path = Path(cfg.out).with_name(f"verify_cost_{cfg.device.replace(':', '')}_{size}.json")
-    path.write_text(json.dumps(measured_table(cells, label, meta).to_dict(), indent=1) + "\n")
+    save_table(path, cells, meta)
     return str(path)
 
 

@@ -153,20 +153,9 @@ class _Writer:
             self.write(cells)
 
     def write(self, cells: list[dict]):
-        import json
-        import os
+        from sglang_histospec.engine.verify_table import save_table
 
-        from sglang_histospec.engine.verify_table import measured_table
-
-        m = self.meta
-        label = f"measured: {m['model']}, {m['dtype']} on {m['device']}, context {m['context']} ({m['date']})"
-        table = measured_table(cells, label, m)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        with open(self.path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(table.to_dict(), f, indent=1)
-            f.write("\n")
-        os.replace(self.path + ".tmp", self.path)
-        return table
+        return save_table(self.path, cells, self.meta)
 
 
 def _text(table) -> str:

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -143,8 +144,7 @@ def _retime_out_of_order(fwd, cfg, cells, deadline, on_cell) -> None:
         c = cells[i]
         if (cfg.warmup + cfg.repeats) * c["median_ms"] / 1e3 > deadline.left():
             continue
-        cache = fwd.new_cache(c["batch"], cfg.context + max(cfg.rows))
-        cache.ensure(c["batch"], cfg.context + max(cfg.rows))
+        cache = _random_cache(fwd, c["batch"], cfg.context + max(cfg.rows))
         times = c["times_ms"] + [round(1e3 * t, 4) for t in timed_passes(fwd, cache, c["batch"], c["rows"], cfg)]
         cells[i] = {**c, "median_ms": round(statistics.median(times), 4), "times_ms": times, "retimed": True}
         on_cell(cells)
@@ -160,13 +160,19 @@ def _time_batch(fwd, cfg, batch, deadline, cells, last, on_cell) -> None:
         cells += [_skipped(batch, rows, reason) for rows in cfg.rows]
         on_cell(cells)
         return
-    cache = fwd.new_cache(batch, tokens)
-    cache.ensure(batch, tokens)
-    cache.data.normal_()
+    cache = _random_cache(fwd, batch, tokens)
     for rows in cfg.rows:
         cells.append(_time_cell(fwd, cfg, cache, batch, rows, deadline, last))
         on_cell(cells)
     del cache
+
+
+def _random_cache(fwd: TreeForward, batch: int, tokens: int) -> KVCache:
+    """A KV cache of ``batch`` x ``tokens`` slots of random contents, as every cell is timed over."""
+    cache = fwd.new_cache(batch, tokens)
+    cache.ensure(batch, tokens)
+    cache.data.normal_()
+    return cache
 
 
 def _skipped(batch: int, rows: int, reason: str) -> dict:
@@ -239,6 +245,22 @@ def measured_table(cells: list[dict], label: str, meta: dict) -> VerifyCostTable
     return VerifyCostTable.from_ms(ms, label, {**meta, "measured": True, "cells": cells})
 
 
+def save_table(path: str | os.PathLike, cells: list[dict], meta: dict) -> VerifyCostTable:
+    """``measured_table`` of ``cells``, labelled from ``meta`` (model, dtype, device, context, date), written to
+    ``path`` as the ``--verify-cost`` file (whole: through a temporary file beside it)."""
+    label = (
+        f"measured: {meta['model']}, {meta['dtype']} on {meta['device']}, context {meta['context']} ({meta['date']})"
+    )
+    table = measured_table(cells, label, meta)
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(table.to_dict(), f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return table
+
+
 def _running_max(values: list[float]) -> list[float]:
     out, top = [], 0.0
     for v in values:
@@ -257,6 +279,7 @@ __all__ = [
     "measured_table",
     "out_of_order",
     "pass_bytes",
+    "save_table",
     "time_cells",
     "timed_passes",
 ]
